@@ -1,0 +1,1 @@
+"""Experiment configs: `default.py` documents every key; one file per experiment."""

@@ -1,0 +1,19 @@
+"""Thesis architecture 5, `s2t_multiformer_s_conv_7_3` (Sant 2022, Table 1).
+
+Encoder: 12x(4xConv(7,3))
+Layout:  12x(4*conv(7,3))
+(d=256, FFN 2048, 4 heads, 12 encoder / 6 decoder layers, conv subsampler 5,5 stride 2;
+Local(64) attends to 32 tokens on each side, i.e. local(65).)
+
+Reported (MuST-C En-De tst-COMMON): BLEU 21.91; ASR WER not reported per architecture.
+
+Run:  python run.py --config=configs/multiformer_conv_7_3.py --workdir=runs/multiformer_conv_7_3
+Tiny: python run.py --config=configs/multiformer_conv_7_3.py:runlocal --workdir=runs/multiformer_conv_7_3_tiny
+"""
+
+from configs import default
+
+
+def get_config(arg=None):
+  return default.multiformer("s2t_multiformer_s_conv_7_3", "12x(4*conv(7,3))", reported_bleu=21.91, reported_wer=-1.0,
+                             arg=arg)

@@ -1,0 +1,19 @@
+"""Thesis architecture 1, `s2t_multiformer_s_full` (Sant 2022, Table 1).
+
+Encoder: 12x(4xFull)
+Layout:  12x(4*full)
+(d=256, FFN 2048, 4 heads, 12 encoder / 6 decoder layers, conv subsampler 5,5 stride 2;
+Local(64) attends to 32 tokens on each side, i.e. local(65).)
+
+Reported (MuST-C En-De tst-COMMON): BLEU 22.2; ASR WER not reported per architecture.
+
+Run:  python run.py --config=configs/multiformer_full.py --workdir=runs/multiformer_full
+Tiny: python run.py --config=configs/multiformer_full.py:runlocal --workdir=runs/multiformer_full_tiny
+"""
+
+from configs import default
+
+
+def get_config(arg=None):
+  return default.multiformer("s2t_multiformer_s_full", "12x(4*full)", reported_bleu=22.2, reported_wer=-1.0,
+                             arg=arg)

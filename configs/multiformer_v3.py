@@ -1,0 +1,19 @@
+"""Thesis architecture 11, `s2t_multiformer_s_v3` (Sant 2022, Table 1).
+
+Encoder: 6x(1xLocal(64) + 3xConv(5,2)) + 6x(3xLocal(64) + 1xConv(5,2))
+Layout:  6x(1*local(65)+3*conv(5,2)) 6x(3*local(65)+1*conv(5,2))
+(d=256, FFN 2048, 4 heads, 12 encoder / 6 decoder layers, conv subsampler 5,5 stride 2;
+Local(64) attends to 32 tokens on each side, i.e. local(65).)
+
+Reported (MuST-C En-De tst-COMMON): BLEU 22.41; ASR WER not reported per architecture.
+
+Run:  python run.py --config=configs/multiformer_v3.py --workdir=runs/multiformer_v3
+Tiny: python run.py --config=configs/multiformer_v3.py:runlocal --workdir=runs/multiformer_v3_tiny
+"""
+
+from configs import default
+
+
+def get_config(arg=None):
+  return default.multiformer("s2t_multiformer_s_v3", "6x(1*local(65)+3*conv(5,2)) 6x(3*local(65)+1*conv(5,2))", reported_bleu=22.41, reported_wer=-1.0,
+                             arg=arg)

@@ -1,0 +1,68 @@
+"""`conv(k,s[,type])` heads: keys and values compressed along time by a Conv1d.
+
+Per head group, one Conv1d for K and one for V over the head_dim channels, shared by the heads
+of the group (heads are folded into the batch, as the thesis code does). Queries are not
+compressed. Padded frames are zeroed before the conv (the thesis code fed them in), the conv
+pads k//2 zeros on each side, and compressed position o is a valid key iff it exists when the
+utterance is convolved on its own: o < (len + 2*(k//2) - k)//s + 1. So an utterance's output
+never depends on its padding. `conv(1,1)` with an identity kernel is exactly `full`.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from multiformer_jax.attention.full import softmax_attention
+from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
+from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
+
+
+class TimeCompression(nn.Module):
+  """[n, time, channels] -> [n, compressed_time, channels]."""
+  kernel: int
+  stride: int
+  conv_type: str = "depthwise"   # depthwise | standard | separable
+
+  @nn.compact
+  def __call__(self, x):
+    channels = x.shape[-1]
+    groups = 1 if self.conv_type == "standard" else channels
+    fan_in = channels // groups * self.kernel
+    pad = self.kernel // 2
+    x = nn.Conv(channels, (self.kernel,), strides=(self.stride,), padding=[(pad, pad)],
+                feature_group_count=groups, kernel_init=torch_default_kernel,
+                bias_init=torch_default_bias(fan_in), name="conv")(x)
+    if self.conv_type == "separable":
+      x = nn.Conv(channels, (1,), kernel_init=torch_default_kernel,
+                  bias_init=torch_default_bias(channels), name="pointwise")(x)
+    return x
+
+
+def compressed_key_mask(key_mask, kernel: int, stride: int, compressed_len: int):
+  """[batch, time] prefix mask -> [batch, compressed_len] mask of compressed keys."""
+  lengths = conv_output_lengths(jnp.sum(key_mask, axis=1), kernel, stride, kernel // 2)
+  return lengths_to_mask(lengths, compressed_len)
+
+
+class ConvAttention(nn.Module):
+  kernel: int = 5
+  stride: int = 2
+  conv_type: str = "depthwise"
+  attention_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, q, k, v, key_mask, deterministic: bool = True):
+    batch, length, heads, head_dim = k.shape
+
+    def compress(x, name):
+      x = x * key_mask[:, :, None, None].astype(x.dtype)
+      x = jnp.swapaxes(x, 1, 2).reshape(batch * heads, length, head_dim)
+      x = TimeCompression(self.kernel, self.stride, self.conv_type, name=name)(x)
+      x = x.reshape(batch, heads, -1, head_dim)
+      return jnp.swapaxes(x, 1, 2)                     # [batch, compressed, heads, head_dim]
+
+    k_c = compress(k, "conv_k")
+    v_c = compress(v, "conv_v")
+    mask_c = compressed_key_mask(key_mask, self.kernel, self.stride, k_c.shape[1])
+    out, _ = softmax_attention(q, k_c, v_c, mask_c[:, None, None, :],
+                               nn.Dropout(self.attention_dropout), deterministic)
+    return out

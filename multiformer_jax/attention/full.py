@@ -1,0 +1,35 @@
+"""`full` heads: scaled dot-product softmax attention over every valid key."""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from multiformer_jax.attention.masks import masked_softmax
+
+
+def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
+  """Scaled dot-product attention.
+
+  q: [batch, q_len, heads, head_dim]; k, v: [batch, k_len, heads, head_dim];
+  mask: bool, broadcastable to [batch, heads, q_len, k_len].
+  dropout: an nn.Dropout applied to the attention weights (fairseq's attention dropout).
+  Returns ([batch, q_len, heads, head_dim], weights [batch, heads, q_len, k_len]).
+  """
+  scale = q.shape[-1] ** -0.5
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q * scale, k,
+                      preferred_element_type=jnp.float32)  # [batch, heads, q_len, k_len]
+  weights = masked_softmax(logits, mask)
+  if dropout is not None:
+    weights = dropout(weights, deterministic=deterministic)
+  out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
+  return out, weights
+
+
+class FullAttention(nn.Module):
+  """Masked softmax attention; takes unscaled q, k, v of one head group."""
+  attention_dropout: float = 0.0
+
+  @nn.compact
+  def __call__(self, q, k, v, key_mask, deterministic: bool = True):
+    mask = key_mask[:, None, None, :]  # [batch, 1, 1, k_len]
+    out, _ = softmax_attention(q, k, v, mask, nn.Dropout(self.attention_dropout), deterministic)
+    return out

@@ -1,0 +1,83 @@
+"""`kernel(m)` heads (the thesis's "Fast"): Performer FAVOR+ with positive orthogonal features.
+
+softmax(q k^T / sqrt(d)) is approximated by phi(q) phi(k)^T with
+phi(x) = m^-1/2 (exp(w_r . x' - |x'|^2 / 2 - c) + eps)_r,  x' = d^-1/4 x,
+w_r orthogonal Gaussian rows with chi-distributed norms (Choromanski et al. 2021). The
+stabiliser c is per position for queries (it cancels) and, for keys, the maximum over the
+features and the *valid* positions of the utterance, so an utterance's output does not depend
+on its padding or its batch-mates. Padded keys have their features zeroed: masking is exact.
+
+Features are either fixed (drawn from `seed`, the same on every call, so a checkpoint plus its
+config reproduce them) or redrawn at every training step from the step's dropout key; eval
+always uses the fixed draw.
+"""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+FEATURE_EPS = 1e-4     # the Performer reference's additive stabiliser on the features
+REDRAW_POLICIES = ("fixed", "step")
+
+
+def orthogonal_gaussian_features(key, num_features: int, dim: int):
+  """[num_features, dim]: stacked blocks of orthogonal rows, each row scaled to the norm of a
+  Gaussian vector (so rows are marginally N(0, I) but orthogonal within a block)."""
+  num_blocks = -(-num_features // dim)
+  block_keys = jax.random.split(key, num_blocks + 1)
+  blocks = []
+  for i in range(num_blocks):
+    gaussian = jax.random.normal(block_keys[i], (dim, dim), jnp.float32)
+    q, _ = jnp.linalg.qr(gaussian)
+    blocks.append(q.T)
+  rows = jnp.concatenate(blocks, axis=0)[:num_features]
+  norms = jnp.linalg.norm(jax.random.normal(block_keys[-1], (num_features, dim)), axis=1)
+  return rows * norms[:, None]
+
+
+def positive_features(x, projection, valid=None):
+  """x: [batch, time, heads, dim] -> [batch, time, heads, features] (float32).
+
+  valid: None for queries (stabiliser per position); a [batch, time] bool key mask for keys
+  (stabiliser over valid positions; padded rows set to zero).
+  """
+  x = x.astype(jnp.float32) * x.shape[-1] ** -0.25
+  u = jnp.einsum("bthd,md->bthm", x, projection)
+  half_sq_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+  if valid is None:
+    stabiliser = jnp.max(u, axis=-1, keepdims=True)
+  else:
+    valid = valid[:, :, None, None]
+    stabiliser = jnp.max(jnp.where(valid, u, -jnp.inf), axis=(1, 3), keepdims=True)
+    stabiliser = jax.lax.stop_gradient(jnp.where(jnp.isfinite(stabiliser), stabiliser, 0.0))
+  features = (jnp.exp(u - half_sq_norm - stabiliser) + FEATURE_EPS) * projection.shape[0] ** -0.5
+  if valid is not None:
+    features = jnp.where(valid, features, 0.0)
+  return features
+
+
+def favor_attention(q, k, v, key_mask, projection):
+  """Linear-time attention: [batch, time, heads, dim] -> same shape, O(n * m * dim)."""
+  phi_q = positive_features(q, projection)                     # [batch, q_len, heads, m]
+  phi_k = positive_features(k, projection, key_mask)           # [batch, k_len, heads, m]
+  kv = jnp.einsum("bkhm,bkhd->bhmd", phi_k, v.astype(jnp.float32))
+  normaliser = jnp.einsum("bqhm,bhm->bqh", phi_q, jnp.sum(phi_k, axis=1))
+  out = jnp.einsum("bqhm,bhmd->bqhd", phi_q, kv) / jnp.maximum(normaliser, 1e-30)[..., None]
+  return out.astype(v.dtype)
+
+
+class KernelAttention(nn.Module):
+  features: int = 256
+  redraw: str = "fixed"   # one of REDRAW_POLICIES
+  seed: int = 0
+
+  @nn.compact
+  def __call__(self, q, k, v, key_mask, deterministic: bool = True):
+    if self.redraw not in REDRAW_POLICIES:
+      raise ValueError(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
+    if self.redraw == "step" and not deterministic:
+      key = self.make_rng("dropout")
+    else:
+      key = jax.random.PRNGKey(self.seed)
+    projection = orthogonal_gaussian_features(key, self.features, q.shape[-1])
+    return favor_attention(q, k, v, key_mask, projection)

@@ -1,0 +1,89 @@
+"""Multi-Head Multi-Attention: one q/k/v projection, head groups of different kinds, one W_o.
+
+The q/k/v projections give `heads * head_dim` channels; the head groups of the layer's layout
+take consecutive channel chunks in config order (config order = channel order), each group is
+routed through its own attention kind, the outputs are concatenated back in the same order and
+projected by W_o. So head h of the layout owns channels [h*head_dim, (h+1)*head_dim) of q/k/v
+and rows [h*head_dim, (h+1)*head_dim) of W_o.
+"""
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from multiformer_jax import layout as layout_lib
+from multiformer_jax.attention.conv import ConvAttention
+from multiformer_jax.attention.full import FullAttention
+from multiformer_jax.attention.kernel import KernelAttention
+from multiformer_jax.attention.local import LocalAttention
+from multiformer_jax.initializers import torch_default_bias, xavier_uniform, xavier_uniform_qkv
+
+
+def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed: int,
+                local_block_size: int, name: str) -> nn.Module:
+  """The attention module of one head group."""
+  if isinstance(kind, layout_lib.FullHeads):
+    return FullAttention(attention_dropout, name=name)
+  if isinstance(kind, layout_lib.LocalHeads):
+    return LocalAttention(kind.window, kind.dilation, local_block_size, attention_dropout,
+                          name=name)
+  if isinstance(kind, layout_lib.KernelHeads):
+    return KernelAttention(kind.features, kernel_redraw, kernel_seed, name=name)
+  if isinstance(kind, layout_lib.ConvHeads):
+    return ConvAttention(kind.kernel, kind.stride, kind.conv_type, attention_dropout, name=name)
+  raise TypeError(f"unknown head kind {kind!r}")
+
+
+def group_name(index: int, kind) -> str:
+  return f"group{index}_{str(kind).split('(')[0]}"
+
+
+class MultiHeadMultiAttention(nn.Module):
+  """Self-attention whose heads use the attention kinds of `layer_layout`.
+
+  x: [batch, time, d_model], mask: [batch, time] bool -> [batch, time, d_model].
+  """
+  d_model: int
+  layer_layout: layout_lib.LayerLayout
+  attention_dropout: float = 0.0
+  kernel_redraw: str = "fixed"
+  kernel_seed: int = 0
+  local_block_size: int = 0
+  qkv_bias: bool = True
+  dtype: jnp.dtype = jnp.float32
+
+  def setup(self):
+    num_heads = sum(g.num_heads for g in self.layer_layout)
+    if self.d_model % num_heads:
+      raise ValueError(f"d_model {self.d_model} not divisible by {num_heads} heads")
+    self.num_heads = num_heads
+    self.head_dim = self.d_model // num_heads
+
+    def projection(name, kernel_init):
+      return nn.Dense(self.d_model, use_bias=self.qkv_bias, kernel_init=kernel_init,
+                      bias_init=torch_default_bias(self.d_model), dtype=self.dtype, name=name)
+
+    self.q_proj = projection("q_proj", xavier_uniform_qkv)
+    self.k_proj = projection("k_proj", xavier_uniform_qkv)
+    self.v_proj = projection("v_proj", xavier_uniform_qkv)
+    self.out_proj = nn.Dense(self.d_model, kernel_init=xavier_uniform,
+                             bias_init=nn.initializers.zeros, dtype=self.dtype, name="out_proj")
+    self.groups = [
+        head_module(g.kind, self.attention_dropout, self.kernel_redraw,
+                    self.kernel_seed * 1009 + i, self.local_block_size, group_name(i, g.kind))
+        for i, g in enumerate(self.layer_layout)]
+
+  def heads_output(self, x, mask, deterministic: bool = True):
+    """Per-head outputs before W_o: [batch, time, heads, head_dim] (used by the analyses)."""
+    batch, length, _ = x.shape
+    split = lambda t: t.reshape(batch, length, self.num_heads, self.head_dim)
+    q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+    outputs, start = [], 0
+    for group, module in zip(self.layer_layout, self.groups):
+      heads = slice(start, start + group.num_heads)
+      outputs.append(module(q[:, :, heads], k[:, :, heads], v[:, :, heads], mask, deterministic))
+      start += group.num_heads
+    return jnp.concatenate(outputs, axis=2)
+
+  def __call__(self, x, mask, deterministic: bool = True):
+    z = self.heads_output(x, mask, deterministic)
+    return self.out_proj(z.reshape(x.shape[0], x.shape[1], self.d_model))

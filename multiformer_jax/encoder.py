@@ -1,0 +1,67 @@
+"""The S2T encoder: conv subsampler, scaled input + sinusoids, pre-LN Multiformer layers."""
+
+import math
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from multiformer_jax import layout as layout_lib
+from multiformer_jax.attention.masks import lengths_to_mask
+from multiformer_jax.attention.multi import MultiHeadMultiAttention
+from multiformer_jax.feedforward import FeedForward, layer_norm
+from multiformer_jax.model_config import ModelConfig
+from multiformer_jax.positions import padded_positions
+from multiformer_jax.subsampler import Conv1dSubsampler
+
+
+class EncoderLayer(nn.Module):
+  """h = x + Dropout(MHMA(LN(x))); y = h + FFN(LN(h))."""
+  config: ModelConfig
+  layer_layout: layout_lib.LayerLayout
+  layer_index: int = 0
+
+  def setup(self):
+    cfg = self.config
+    self.self_attn_layer_norm = layer_norm("self_attn_layer_norm")
+    self.self_attn = MultiHeadMultiAttention(
+        cfg.d_model, self.layer_layout, cfg.attention_dropout, cfg.kernel_redraw,
+        cfg.kernel_seed * 7919 + self.layer_index, cfg.local_block_size, cfg.qkv_bias,
+        cfg.compute_dtype, name="self_attn")
+    self.dropout = nn.Dropout(cfg.dropout)
+    self.final_layer_norm = layer_norm("final_layer_norm")
+    self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,
+                           cfg.compute_dtype, name="ffn")
+
+  def __call__(self, x, mask, deterministic: bool = True):
+    h = self.self_attn(self.self_attn_layer_norm(x), mask, deterministic)
+    x = x + self.dropout(h, deterministic=deterministic)
+    return x + self.ffn(self.final_layer_norm(x), deterministic)
+
+
+class Encoder(nn.Module):
+  """features [batch, frames, input_dim], lengths [batch] ->
+  (encoded [batch, frames', d_model], mask [batch, frames'] bool)."""
+  config: ModelConfig
+
+  def setup(self):
+    cfg = self.config
+    self.subsample = Conv1dSubsampler(cfg.conv_channels, cfg.d_model, cfg.conv_kernels,
+                                      cfg.conv_strides, cfg.compute_dtype, name="subsample")
+    self.dropout = nn.Dropout(cfg.dropout)
+    self.layers = [EncoderLayer(cfg, layer, i, name=f"layers_{i}")
+                   for i, layer in enumerate(cfg.layout)]
+    self.layer_norm = layer_norm("layer_norm")
+
+  def embed(self, features, lengths, deterministic: bool = True):
+    """Subsampler + scale + positions + dropout: the input of layer 0, and its mask."""
+    x, lengths = self.subsample(features.astype(self.config.compute_dtype), lengths)
+    mask = lengths_to_mask(lengths, x.shape[1])
+    x = math.sqrt(self.config.d_model) * x + padded_positions(mask, self.config.d_model)
+    return self.dropout(x, deterministic=deterministic), mask
+
+  def __call__(self, features, lengths, deterministic: bool = True):
+    x, mask = self.embed(features, lengths, deterministic)
+    for layer in self.layers:
+      x = layer(x, mask, deterministic)
+    x = self.layer_norm(x) * mask[..., None]
+    return x, mask

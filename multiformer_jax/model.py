@@ -1,0 +1,79 @@
+"""The S2T model (encoder + decoder) and the small public API to build and run it."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from multiformer_jax import decoder as decoder_lib
+from multiformer_jax.decoder import Decoder
+from multiformer_jax.encoder import Encoder
+from multiformer_jax.model_config import ModelConfig
+
+
+class S2TModel(nn.Module):
+  """Speech-to-text Transformer with a Multiformer encoder.
+
+  Call with (features [batch, frames, input_dim], lengths [batch], prev_tokens [batch, len])
+  for teacher-forced logits [batch, len, vocab]; `encode`, `decode`, `cross_kv` and
+  `decode_step` are the pieces (use `model.apply(variables, ..., method=...)`).
+  """
+  config: ModelConfig
+
+  def setup(self):
+    self.encoder = Encoder(self.config, name="encoder")
+    self.decoder = Decoder(self.config, name="decoder")
+
+  def encode(self, features, lengths, deterministic: bool = True):
+    return self.encoder(features, lengths, deterministic)
+
+  def decode(self, prev_tokens, encoded, encoder_mask, deterministic: bool = True):
+    return self.decoder(prev_tokens, encoded, encoder_mask, deterministic)
+
+  def cross_kv(self, encoded):
+    return self.decoder.cross_kv(encoded)
+
+  def decode_step(self, tokens, index, cache, cross_kv, encoder_mask):
+    return self.decoder.decode_step(tokens, index, cache, cross_kv, encoder_mask)
+
+  def __call__(self, features, lengths, prev_tokens, deterministic: bool = True):
+    encoded, mask = self.encode(features, lengths, deterministic)
+    return self.decode(prev_tokens, encoded, mask, deterministic)
+
+
+def model_config_from(config: Any) -> ModelConfig:
+  """A ModelConfig from a ModelConfig, a full experiment ConfigDict (uses `.model`) or a
+  mapping of model keys."""
+  if isinstance(config, ModelConfig):
+    return config
+  if hasattr(config, "model") and not isinstance(config, Mapping):
+    config = config.model
+  elif isinstance(config, Mapping) and "model" in config:
+    config = config["model"]
+  return ModelConfig.from_dict(config)
+
+
+def build_model(config: Any) -> S2TModel:
+  """Builds the model from a config (see `model_config_from`); validates it first."""
+  return S2TModel(model_config_from(config))
+
+
+def init_params(model: S2TModel, key, batch: int = 1, frames: int = 16, tokens: int = 4):
+  """Initial parameters for `model` from `key` (shapes do not depend on the dummy sizes)."""
+  cfg = model.config
+  features = jnp.zeros((batch, frames, cfg.input_dim), jnp.float32)
+  lengths = jnp.full((batch,), frames, jnp.int32)
+  prev = jnp.full((batch, tokens), cfg.eos_id, jnp.int32)
+  return jax.jit(model.init)({"params": key}, features, lengths, prev)["params"]
+
+
+def init_cache(model_or_config, batch: int, max_len: int):
+  cfg = model_or_config.config if isinstance(model_or_config, S2TModel) else model_or_config
+  return decoder_lib.init_cache(cfg, batch, max_len)
+
+
+def count_params(params) -> int:
+  return sum(int(x.size) for x in jax.tree_util.tree_leaves(params))

@@ -1,0 +1,119 @@
+"""The frozen model configuration, built once from the `model` section of a ConfigDict.
+
+Every model hyper-parameter is a field here and nowhere else: modules read this object, configs
+set its fields by name (configs/default.py documents each), and unknown or mistyped keys fail
+at build time with the list of valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import jax.numpy as jnp
+
+from multiformer_jax import layout as layout_lib
+from multiformer_jax.attention.kernel import REDRAW_POLICIES
+
+COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class ConfigError(ValueError):
+  """A model config value that cannot be used, naming the key and what is valid."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  vocab_size: int = 8000
+  input_dim: int = 80
+  d_model: int = 256
+  ffn_dim: int = 2048
+  encoder_layers: int = 12
+  decoder_layers: int = 6
+  encoder_heads: int = 4
+  decoder_heads: int = 4
+  encoder_layout: str = "12x(4*full)"
+  conv_kernels: tuple[int, ...] = (5, 5)
+  conv_strides: tuple[int, ...] = (2, 2)
+  conv_channels: int = 1024
+  dropout: float = 0.1
+  attention_dropout: float = 0.1
+  activation_dropout: float = 0.1
+  kernel_redraw: str = "fixed"
+  kernel_seed: int = 0
+  local_block_size: int = 0
+  qkv_bias: bool = True
+  dtype: str = "float32"
+  max_target_positions: int = 1024
+  bos_id: int = 0
+  pad_id: int = 1
+  eos_id: int = 2
+  unk_id: int = 3
+
+  def __post_init__(self):
+    # Normalise sequences (ConfigDicts hold lists) so the dataclass stays hashable.
+    for name in ("conv_kernels", "conv_strides"):
+      object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+    self.validate()
+
+  def validate(self):
+    if self.dtype not in COMPUTE_DTYPES:
+      raise ConfigError(f"model.dtype={self.dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+    if self.kernel_redraw not in REDRAW_POLICIES:
+      raise ConfigError(f"model.kernel_redraw={self.kernel_redraw!r}; valid: {REDRAW_POLICIES}")
+    if len(self.conv_kernels) != len(self.conv_strides) or not self.conv_kernels:
+      raise ConfigError(f"model.conv_kernels={self.conv_kernels} and model.conv_strides="
+                        f"{self.conv_strides} must be non-empty and of the same length")
+    if any(k < 1 for k in self.conv_kernels) or any(s < 1 for s in self.conv_strides):
+      raise ConfigError(f"subsampler kernels {self.conv_kernels} and strides "
+                        f"{self.conv_strides} must be >= 1")
+    for name in ("dropout", "attention_dropout", "activation_dropout"):
+      if not 0.0 <= getattr(self, name) < 1.0:
+        raise ConfigError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
+    if self.d_model % self.decoder_heads:
+      raise ConfigError(f"model.d_model={self.d_model} is not divisible by model.decoder_heads="
+                        f"{self.decoder_heads}")
+    if self.d_model % 2:
+      raise ConfigError(f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+    self.layout  # parses and validates the encoder layout
+
+  @functools.cached_property
+  def layout(self) -> layout_lib.Layout:
+    return layout_lib.parse_layout(self.encoder_layout, self.encoder_layers, self.encoder_heads,
+                                   self.d_model)
+
+  @property
+  def compute_dtype(self):
+    return COMPUTE_DTYPES[self.dtype]
+
+  @classmethod
+  def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
+    """From a mapping (e.g. `config.model`); unknown keys and wrong types are errors."""
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    values = dict(values.items())
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+      raise ConfigError(f"unknown model config key(s) {unknown}; valid keys: {sorted(fields)}")
+    typed = {}
+    for name, value in values.items():
+      default = fields[name].default
+      if isinstance(default, bool):
+        ok = isinstance(value, bool)
+      elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+      elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+      elif isinstance(default, str):
+        ok = isinstance(value, str)
+      else:
+        ok = isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value)
+      if not ok:
+        raise ConfigError(f"model.{name}={value!r} has type {type(value).__name__}; expected "
+                          f"{type(default).__name__} like {default!r}")
+      typed[name] = value
+    return cls(**typed)
+
+  def to_dict(self) -> dict[str, Any]:
+    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -1,0 +1,49 @@
+"""fairseq's S2T convolutional subsampler: Conv1d + GLU layers over the fbank frames."""
+
+from typing import Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
+from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
+
+
+def subsampled_lengths(lengths, kernels: Sequence[int], strides: Sequence[int]):
+  """Frame counts after the subsampler; floor((L-1)/s)+1 per layer for odd kernels."""
+  for kernel, stride in zip(kernels, strides):
+    lengths = conv_output_lengths(lengths, kernel, stride, kernel // 2)
+  return lengths
+
+
+class Conv1dSubsampler(nn.Module):
+  """[batch, frames, in_dim], lengths -> [batch, frames', out_dim], lengths'.
+
+  Layer i: Conv1d(kernel k_i, stride s_i, padding k_i//2) to `channels` (the last layer to
+  2*out_dim) then GLU over channels, halving them. Padded frames are zeroed before each conv,
+  so an utterance's output does not depend on what it is batched with (fairseq does not).
+  Stride 1 everywhere gives the thesis's no-downsampling variants.
+  """
+  channels: int = 1024
+  out_dim: int = 256
+  kernels: Sequence[int] = (5, 5)
+  strides: Sequence[int] = (2, 2)
+  dtype: jnp.dtype = jnp.float32
+
+  @nn.compact
+  def __call__(self, x, lengths):
+    if len(self.kernels) != len(self.strides):
+      raise ValueError(f"subsampler kernels {tuple(self.kernels)} and strides "
+                       f"{tuple(self.strides)} must have the same length")
+    for i, (kernel, stride) in enumerate(zip(self.kernels, self.strides)):
+      x = x * lengths_to_mask(lengths, x.shape[1])[..., None].astype(x.dtype)
+      out_channels = self.channels if i < len(self.kernels) - 1 else 2 * self.out_dim
+      pad = kernel // 2
+      x = nn.Conv(out_channels, (kernel,), strides=(stride,), padding=[(pad, pad)],
+                  kernel_init=torch_default_kernel,
+                  bias_init=torch_default_bias(x.shape[-1] * kernel), dtype=self.dtype,
+                  name=f"conv_layers_{i}")(x)
+      x = nn.glu(x, axis=-1)                      # [batch, frames_i, out_channels // 2]
+      lengths = conv_output_lengths(lengths, kernel, stride, pad)
+    x = x * lengths_to_mask(lengths, x.shape[1])[..., None].astype(x.dtype)
+    return x, lengths

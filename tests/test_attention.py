@@ -1,0 +1,213 @@
+"""Every attention kind against mathematics, a numpy reference or an invariant."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from multiformer_jax.attention import (MultiHeadMultiAttention, favor_attention,
+                                       local_attention, softmax_attention)
+from multiformer_jax.attention.kernel import orthogonal_gaussian_features
+from multiformer_jax.layout import parse_layout
+
+RNG = np.random.default_rng(0)
+
+
+def qkv(batch, length, heads, dim, scale=1.0):
+  return [jnp.asarray(RNG.normal(size=(batch, length, heads, dim)) * scale, jnp.float32)
+          for _ in range(3)]
+
+
+def np_attention(q, k, v, mask):
+  """Dense numpy reference. q,k,v [b, t, h, d]; mask [b, h or 1, tq, tk] bool."""
+  q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+  logits = np.einsum("bqhd,bkhd->bhqk", q, k) / np.sqrt(q.shape[-1])
+  with np.errstate(invalid="ignore"):  # rows of padded queries have no valid key
+    logits = np.where(mask, logits, -np.inf)
+    logits -= logits.max(-1, keepdims=True)
+    w = np.exp(logits)
+    w /= w.sum(-1, keepdims=True)
+  return np.einsum("bhqk,bkhd->bqhd", w, v)
+
+
+def band_mask(lengths, length, window, dilation=1):
+  i = np.arange(length)[:, None]
+  j = np.arange(length)[None, :]
+  offset = j - i
+  band = (np.abs(offset) <= (window // 2) * dilation) & (offset % dilation == 0)
+  valid = np.arange(length)[None, :] < np.asarray(lengths)[:, None]
+  return band[None, None] & valid[:, None, None, :]
+
+
+@pytest.mark.parametrize("window, length, block", [
+    (1, 7, 0), (3, 10, 4), (5, 37, 8), (7, 23, 0), (9, 50, 3), (15, 33, 16), (31, 20, 0)])
+def test_local_equals_dense_banded_reference(window, length, block):
+  q, k, v = qkv(2, length, 3, 8)
+  lengths = [length, length - 4]
+  mask = jnp.asarray(np.arange(length)[None] < np.asarray(lengths)[:, None])
+  out = local_attention(q, k, v, mask, window, block_size=block)
+  ref = np_attention(q, k, v, band_mask(lengths, length, window))
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(out[b, :n], ref[b, :n], atol=2e-5)
+
+
+@pytest.mark.parametrize("window, dilation, length", [(3, 2, 17), (5, 3, 40), (7, 4, 29)])
+def test_dilated_local_equals_dense_reference(window, dilation, length):
+  q, k, v = qkv(2, length, 2, 8)
+  lengths = [length, length - 5]
+  mask = jnp.asarray(np.arange(length)[None] < np.asarray(lengths)[:, None])
+  out = local_attention(q, k, v, mask, window, dilation, block_size=4)
+  ref = np_attention(q, k, v, band_mask(lengths, length, window, dilation))
+  for b, n in enumerate(lengths):
+    np.testing.assert_allclose(out[b, :n], ref[b, :n], atol=2e-5)
+
+
+def test_local_wider_than_sequence_equals_full():
+  length = 19
+  q, k, v = qkv(2, length, 4, 8)
+  mask = jnp.asarray(np.arange(length)[None] < np.array([[19], [11]]))
+  local = local_attention(q, k, v, mask, 2 * length + 1)
+  full, _ = softmax_attention(q, k, v, mask[:, None, None, :])
+  np.testing.assert_allclose(local[0], full[0], atol=1e-5)
+  np.testing.assert_allclose(local[1, :11], full[1, :11], atol=1e-5)
+
+
+def test_local_memory_is_linear_in_length():
+  """No n x n array: the largest intermediate of the compiled program grows ~linearly."""
+  def temp_bytes(n):
+    q, k, v = (jax.ShapeDtypeStruct((1, n, 2, 16), jnp.float32) for _ in range(3))
+    mask = jax.ShapeDtypeStruct((1, n), jnp.bool_)
+    fn = jax.jit(lambda q, k, v, m: local_attention(q, k, v, m, 33))
+    return fn.lower(q, k, v, mask).compile().memory_analysis().temp_size_in_bytes
+  small, large = temp_bytes(1024), temp_bytes(8192)
+  assert large <= 9.5 * small, (small, large)
+
+
+def test_kernel_error_shrinks_with_features():
+  length, dim = 24, 8
+  q, k, v = qkv(2, length, 2, dim, scale=0.5)
+  mask = jnp.ones((2, length), bool)
+  exact, _ = softmax_attention(q, k, v, mask[:, None, None, :])
+  errors = []
+  for m in (16, 128, 1024):
+    trials = [favor_attention(q, k, v, mask,
+                              orthogonal_gaussian_features(jax.random.PRNGKey(s), m, dim))
+              for s in range(4)]
+    errors.append(np.mean([float(jnp.mean((t - exact) ** 2)) for t in trials]))
+  assert errors[0] > errors[1] > errors[2], errors
+  assert errors[2] < 0.25 * errors[0], errors
+
+
+def test_orthogonal_features_are_orthogonal_within_blocks():
+  w = np.asarray(orthogonal_gaussian_features(jax.random.PRNGKey(0), 20, 8))
+  block = w[:8] / np.linalg.norm(w[:8], axis=1, keepdims=True)
+  np.testing.assert_allclose(block @ block.T, np.eye(8), atol=1e-5)
+
+
+def test_kernel_masks_padded_keys_exactly():
+  q, k, v = qkv(1, 12, 2, 8)
+  proj = orthogonal_gaussian_features(jax.random.PRNGKey(1), 64, 8)
+  mask = jnp.asarray(np.arange(12)[None] < 7)
+  full = favor_attention(q, k, v, mask, proj)
+  # Garbage in the padded keys must not matter, nor the padding itself.
+  k2 = k.at[:, 7:].set(100.0)
+  v2 = v.at[:, 7:].set(-50.0)
+  np.testing.assert_allclose(favor_attention(q, k2, v2, mask, proj)[:, :7], full[:, :7],
+                             atol=1e-6)
+  alone = favor_attention(q[:, :7], k[:, :7], v[:, :7], jnp.ones((1, 7), bool), proj)
+  np.testing.assert_allclose(alone, full[:, :7], atol=1e-6)
+
+
+def mhma(layout_text, d_model=32, **kwargs):
+  (layer,) = parse_layout(layout_text)
+  return MultiHeadMultiAttention(d_model, layer, **kwargs)
+
+
+def test_all_full_layer_equals_numpy_multi_head_attention():
+  module = mhma("1x(4*full)")
+  x = jnp.asarray(RNG.normal(size=(2, 9, 32)), jnp.float32)
+  mask = jnp.asarray(np.arange(9)[None] < np.array([[9], [6]]))
+  params = module.init(jax.random.PRNGKey(0), x, mask)["params"]
+  out = module.apply({"params": params}, x, mask)
+
+  def proj(name, a):
+    return np.asarray(a) @ np.asarray(params[name]["kernel"]) + np.asarray(params[name]["bias"])
+  split = lambda a: a.reshape(2, 9, 4, 8)
+  q, k, v = (split(proj(n, x)) for n in ("q_proj", "k_proj", "v_proj"))
+  heads = np_attention(q, k, v, np.asarray(mask)[:, None, None, :])
+  ref = proj("out_proj", heads.reshape(2, 9, 32))
+  np.testing.assert_allclose(out[0], ref[0], atol=1e-5)
+  np.testing.assert_allclose(out[1, :6], ref[1, :6], atol=1e-5)
+
+
+def test_identity_conv_head_equals_full_head():
+  x = jnp.asarray(RNG.normal(size=(2, 11, 16)), jnp.float32)
+  mask = jnp.asarray(np.arange(11)[None] < np.array([[11], [8]]))
+  full = mhma("1x(2*full)", 16)
+  params = full.init(jax.random.PRNGKey(0), x, mask)["params"]
+  conv = mhma("1x(1*conv(1,1)+1*conv(1,1,standard))", 16)
+  conv_params = conv.init(jax.random.PRNGKey(1), x, mask)["params"]
+  conv_params = dict(conv_params, **{n: params[n] for n in ("q_proj", "k_proj", "v_proj",
+                                                            "out_proj")})
+  identity = {"conv": {"kernel": jnp.ones((1, 1, 8)), "bias": jnp.zeros(8)}}
+  standard = {"conv": {"kernel": jnp.eye(8)[None], "bias": jnp.zeros(8)}}
+  conv_params["group0_conv"] = {"conv_k": identity, "conv_v": identity}
+  conv_params["group1_conv"] = {"conv_k": standard, "conv_v": standard}
+  a = full.apply({"params": params}, x, mask)
+  b = conv.apply({"params": conv_params}, x, mask)
+  np.testing.assert_allclose(a[0], b[0], atol=1e-5)
+  np.testing.assert_allclose(a[1, :8], b[1, :8], atol=1e-5)
+
+
+def test_conv_head_equals_numpy_reference():
+  """Depthwise conv(5,2): zero padded frames, pad k//2, stride, compressed mask, softmax."""
+  from multiformer_jax.attention.conv import ConvAttention
+  length, lengths = 13, [13, 8]
+  q, k, v = qkv(2, length, 2, 4)
+  mask = jnp.asarray(np.arange(length)[None] < np.asarray(lengths)[:, None])
+  module = ConvAttention(5, 2)
+  params = module.init(jax.random.PRNGKey(0), q, k, v, mask)["params"]
+  out = module.apply({"params": params}, q, k, v, mask)
+  for b, n in enumerate(lengths):
+    def conv(x, p):
+      w, bias = np.asarray(p["conv"]["kernel"])[:, 0, :], np.asarray(p["conv"]["bias"])
+      x = np.pad(np.asarray(x[b, :n], np.float64), [(2, 2), (0, 0), (0, 0)])  # [t+4, h, d]
+      n_out = (n + 4 - 5) // 2 + 1
+      return np.stack([np.einsum("khd,kd->hd", x[2 * o:2 * o + 5], w) + bias
+                       for o in range(n_out)])
+    kc, vc = conv(k, params["conv_k"]), conv(v, params["conv_v"])
+    ref = np_attention(q[b:b + 1, :n], kc[None], vc[None], np.ones((1, 1, 1, len(kc)), bool))
+    np.testing.assert_allclose(out[b, :n], ref[0], atol=1e-5)
+
+
+@pytest.mark.parametrize("layout_text", [
+    "1x(4*full)", "1x(4*local(5))", "1x(4*local(3,2))", "1x(4*kernel(32))", "1x(4*conv(5,2))",
+    "1x(4*conv(7,3,standard))", "1x(4*conv(4,2,separable))",
+    "1x(1*full+1*local(7)+1*kernel(16)+1*conv(5,2))"])
+def test_padding_and_batch_mates_do_not_change_outputs(layout_text):
+  module = mhma(layout_text)
+  lengths = [21, 14, 5]
+  x = jnp.asarray(RNG.normal(size=(3, 21, 32)), jnp.float32)
+  mask = jnp.asarray(np.arange(21)[None] < np.asarray(lengths)[:, None])
+  params = module.init(jax.random.PRNGKey(0), x, mask)["params"]
+  batched = module.apply({"params": params}, x, mask)
+  for b, n in enumerate(lengths):
+    alone = module.apply({"params": params}, x[b:b + 1, :n], jnp.ones((1, n), bool))
+    np.testing.assert_allclose(batched[b, :n], alone[0], atol=1e-5)
+  # Changing what sits in the padding or in the batch-mates changes nothing at valid frames.
+  x2 = x.at[1, 14:].set(1e3).at[0].set(-x[0])
+  other = module.apply({"params": params}, x2, mask)
+  np.testing.assert_allclose(other[1, :14], batched[1, :14], atol=1e-5)
+  np.testing.assert_allclose(other[2, :5], batched[2, :5], atol=1e-5)
+
+
+def test_kernel_redraw_policies():
+  module = mhma("1x(4*kernel(16))", kernel_redraw="step")
+  x = jnp.asarray(RNG.normal(size=(1, 10, 32)), jnp.float32)
+  mask = jnp.ones((1, 10), bool)
+  params = module.init(jax.random.PRNGKey(0), x, mask)["params"]
+  run = lambda key, det: module.apply({"params": params}, x, mask, det,
+                                      rngs={"dropout": jax.random.PRNGKey(key)})
+  np.testing.assert_array_equal(run(0, True), run(1, True))           # eval: fixed draw
+  assert not np.allclose(run(0, False), run(1, False))                # train: per-step draw
+  np.testing.assert_array_equal(run(3, False), run(3, False))         # same key, same draw

@@ -1,0 +1,75 @@
+"""The head-layout language: every config round-trips, every bad case is rejected clearly."""
+
+import glob
+import importlib
+import os
+
+import pytest
+
+from multiformer_jax import LayoutError, ModelConfig, format_layout, parse_layout
+from multiformer_jax.layout import ConvHeads, FullHeads, HeadGroup, KernelHeads, LocalHeads
+
+CONFIG_FILES = sorted(os.path.basename(f)[:-3] for f in glob.glob("configs/*.py")
+                      if not f.endswith("__init__.py"))
+
+
+def test_parses_thesis_notation():
+  layout = parse_layout("6x(1*local(65)+3*conv(5,2)) 6x(2*local(65)+2*conv(5,2))", 12, 4, 256)
+  assert len(layout) == 12
+  assert layout[0] == (HeadGroup(LocalHeads(65), 1), HeadGroup(ConvHeads(5, 2), 3))
+  assert layout[11] == (HeadGroup(LocalHeads(65), 2), HeadGroup(ConvHeads(5, 2), 2))
+
+
+def test_kinds_arguments_and_defaults():
+  (layer,) = parse_layout("1x(full+2*local(7,3)+kernel+kernel(64)+conv+conv(7,3,separable)"
+                          "+conv(3,1,standard))")
+  kinds = [g.kind for g in layer]
+  assert kinds == [FullHeads(), LocalHeads(7, 3), KernelHeads(256), KernelHeads(64),
+                   ConvHeads(5, 2, "depthwise"), ConvHeads(7, 3, "separable"),
+                   ConvHeads(3, 1, "standard")]
+  assert [g.num_heads for g in layer] == [1, 2, 1, 1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_every_config_round_trips(name):
+  config = importlib.import_module(f"configs.{name}").get_config()
+  model_config = ModelConfig.from_dict(config.model)
+  text = format_layout(model_config.layout)
+  assert parse_layout(text, config.model.encoder_layers, config.model.encoder_heads) == \
+      model_config.layout
+  assert format_layout(parse_layout(text)) == text
+
+
+@pytest.mark.parametrize("text, kwargs, message", [
+    ("12x(4*attn)", {}, "unknown head kind 'attn'; valid kinds: full, local"),
+    ("12x(4*local(64))", {}, "local window must be an odd number >= 1"),
+    ("12x(4*local)", {}, "local needs a window size"),
+    ("12x(3*full)", dict(num_heads=4), "has 3 heads"),
+    ("12x(2*full+1*conv(5,2))", dict(num_heads=4), "sum to 4"),
+    ("6x(4*full) 5x(4*conv)", dict(num_layers=12), "describes 11 layers but the encoder has 12"),
+    ("12x(4*conv(2,3))", {}, "conv stride 3 is larger than its kernel 2"),
+    ("12x(4*conv(5,2,grouped))", {}, "unknown conv type 'grouped'; valid: depthwise"),
+    ("12x(4*full)", dict(num_heads=3, d_model=256), "d_model 256 is not divisible by 3 heads"),
+    ("12x(4*full", {}, "expected ')'"),
+    ("12(4*full)", {}, "expected 'x' after the layer count 12"),
+    ("12x(4*kernel(0))", {}, "kernel feature count must be >= 1"),
+    ("12x(4*local(5,0))", {}, "local dilation must be >= 1"),
+    ("", {}, "empty head layout"),
+    ("12x(4*full(3))", {}, "full takes no arguments"),
+])
+def test_rejects_bad_layouts_with_a_clear_message(text, kwargs, message):
+  with pytest.raises(LayoutError, match=None) as info:
+    parse_layout(text, **kwargs)
+  assert message in str(info.value)
+
+
+def test_model_config_rejects_unknown_keys_and_types():
+  from multiformer_jax.model_config import ConfigError
+  with pytest.raises(ConfigError, match="unknown model config key.*'d_modle'.*valid keys"):
+    ModelConfig.from_dict({"d_modle": 256})
+  with pytest.raises(ConfigError, match="model.d_model='256' has type str; expected int"):
+    ModelConfig.from_dict({"d_model": "256"})
+  with pytest.raises(LayoutError, match="has 2 heads"):
+    ModelConfig.from_dict({"encoder_layout": "12x(2*full)"})
+  with pytest.raises(ConfigError, match="kernel_redraw='always'"):
+    ModelConfig.from_dict({"kernel_redraw": "always"})
