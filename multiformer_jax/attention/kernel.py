@@ -76,8 +76,11 @@ class KernelAttention(nn.Module):
     if self.redraw not in REDRAW_POLICIES:
       raise ValueError(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
     if self.redraw == "step" and not deterministic:
-      key = self.make_rng("dropout")
+      projection = orthogonal_gaussian_features(self.make_rng("dropout"), self.features,
+                                                q.shape[-1])
     else:
-      key = jax.random.PRNGKey(self.seed)
-    projection = orthogonal_gaussian_features(key, self.features, q.shape[-1])
+      # A constant of the compiled program: drawn once at trace time, not at every step.
+      with jax.ensure_compile_time_eval():
+        projection = orthogonal_gaussian_features(jax.random.PRNGKey(self.seed), self.features,
+                                                  q.shape[-1])
     return favor_attention(q, k, v, key_mask, projection)

@@ -1,0 +1,162 @@
+"""Import of fairseq S2T checkpoints (the s2t_transformer family) into this model.
+
+fairseq's published MuST-C models can then be evaluated and analysed here. The mapping is
+pure numpy; only reading a `.pt` file needs torch (an optional dependency, imported lazily).
+
+Two deliberate differences remain with fairseq's own forward pass, both only for padded
+batches: this subsampler re-zeroes padded frames between its convolutions (fairseq's output
+depends on what an utterance is batched with), and nothing else. For an unpadded utterance the
+encoder outputs and decoder logits equal fairseq's.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import numpy as np
+
+from multiformer_jax.model_config import ModelConfig
+
+# Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
+# "BetterTransformer" fast path (in_proj_weight = cat(q, k, v), fc1_weight = fc1.weight, ...).
+_IGNORED = re.compile(r".*(_float_tensor|version|\.(in_proj|out_proj|fc1|fc2)_(weight|bias))$")
+
+
+class FairseqImportError(ValueError):
+  """A checkpoint that is not an importable fairseq S2T Transformer."""
+
+
+def _arg(args: Mapping[str, Any], name: str, default):
+  value = args.get(name, default)
+  return default if value is None else value
+
+
+def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, np.ndarray],
+                              **overrides) -> ModelConfig:
+  """The ModelConfig of a fairseq s2t_transformer from its model args and weights."""
+  arch = str(args.get("arch", "s2t_transformer"))
+  if not arch.startswith("s2t_transformer"):
+    raise FairseqImportError(f"checkpoint architecture {arch!r} is not importable; supported: "
+                             f"the s2t_transformer family (s2t_transformer_s, _m, _l, ...)")
+  heads = int(_arg(args, "encoder_attention_heads", 4))
+  encoder_layers = int(_arg(args, "encoder_layers", 12))
+  kernels = tuple(int(k) for k in str(_arg(args, "conv_kernel_sizes", "5,5")).split(","))
+  values = dict(
+      vocab_size=int(state_dict["decoder.embed_tokens.weight"].shape[0]),
+      input_dim=int(_arg(args, "input_feat_per_channel", 80)) *
+      int(_arg(args, "input_channels", 1)),
+      d_model=int(_arg(args, "encoder_embed_dim", 256)),
+      ffn_dim=int(_arg(args, "encoder_ffn_embed_dim", 2048)),
+      encoder_layers=encoder_layers,
+      decoder_layers=int(_arg(args, "decoder_layers", 6)),
+      encoder_heads=heads,
+      decoder_heads=int(_arg(args, "decoder_attention_heads", 4)),
+      encoder_layout=f"{encoder_layers}x({heads}*full)",
+      conv_kernels=kernels,
+      conv_strides=(2,) * len(kernels),
+      conv_channels=int(_arg(args, "conv_channels", 1024)),
+      dropout=float(_arg(args, "dropout", 0.1)),
+      attention_dropout=float(_arg(args, "attention_dropout", 0.1)),
+      activation_dropout=float(_arg(args, "activation_dropout", 0.1)),
+      qkv_bias=True,
+  )
+  if int(_arg(args, "decoder_ffn_embed_dim", values["ffn_dim"])) != values["ffn_dim"]:
+    raise FairseqImportError("encoder and decoder FFN widths differ; this model uses one ffn_dim")
+  if not _arg(args, "encoder_normalize_before", True) or \
+      not _arg(args, "decoder_normalize_before", True):
+    raise FairseqImportError("only pre-LN (normalize_before) S2T Transformers are importable")
+  if _arg(args, "share_decoder_input_output_embed", False):
+    raise FairseqImportError("tied decoder embeddings are not supported (s2t_transformer "
+                             "does not tie them)")
+  values.update(overrides)
+  return ModelConfig(**values)
+
+
+def _linear(sd, prefix):
+  out = {"kernel": np.asarray(sd[f"{prefix}.weight"]).T}        # torch [out, in] -> [in, out]
+  if f"{prefix}.bias" in sd:
+    out["bias"] = np.asarray(sd[f"{prefix}.bias"])
+  return out
+
+
+def _layer_norm(sd, prefix):
+  return {"scale": np.asarray(sd[f"{prefix}.weight"]), "bias": np.asarray(sd[f"{prefix}.bias"])}
+
+
+def _attention(sd, prefix):
+  return {n: _linear(sd, f"{prefix}.{n}") for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
+
+
+def _ffn(sd, prefix):
+  return {"fc1": _linear(sd, f"{prefix}.fc1"), "fc2": _linear(sd, f"{prefix}.fc2")}
+
+
+def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> dict:
+  """fairseq state dict (arrays) -> this model's params; every fairseq weight is used once."""
+  sd = {k: np.asarray(v, np.float32) for k, v in state_dict.items() if not _IGNORED.match(k)}
+  used = set()
+
+  class Tracking(dict):
+    def __getitem__(self, key):
+      if key not in sd:
+        raise FairseqImportError(f"fairseq weight {key!r} missing from the checkpoint")
+      used.add(key)
+      return sd[key]
+
+    def __contains__(self, key):
+      return key in sd
+  t = Tracking()
+
+  subsample = {}
+  for i in range(len(config.conv_kernels)):
+    prefix = f"encoder.subsample.conv_layers.{i}"
+    subsample[f"conv_layers_{i}"] = {
+        "kernel": np.transpose(t[f"{prefix}.weight"], (2, 1, 0)),   # [out, in, k] -> [k, in, out]
+        "bias": t[f"{prefix}.bias"]}
+  encoder = {"subsample": subsample, "layer_norm": _layer_norm(t, "encoder.layer_norm")}
+  for i in range(config.encoder_layers):
+    p = f"encoder.transformer_layers.{i}"
+    encoder[f"layers_{i}"] = {
+        "self_attn": _attention(t, f"{p}.self_attn"),
+        "self_attn_layer_norm": _layer_norm(t, f"{p}.self_attn_layer_norm"),
+        "final_layer_norm": _layer_norm(t, f"{p}.final_layer_norm"),
+        "ffn": _ffn(t, p)}
+  decoder = {"embed_tokens": {"embedding": t["decoder.embed_tokens.weight"]},
+             "layer_norm": _layer_norm(t, "decoder.layer_norm"),
+             "output_projection": {"kernel": t["decoder.output_projection.weight"].T}}
+  for i in range(config.decoder_layers):
+    p = f"decoder.layers.{i}"
+    decoder[f"layers_{i}"] = {
+        "self_attn": _attention(t, f"{p}.self_attn"),
+        "self_attn_layer_norm": _layer_norm(t, f"{p}.self_attn_layer_norm"),
+        "encoder_attn": _attention(t, f"{p}.encoder_attn"),
+        "encoder_attn_layer_norm": _layer_norm(t, f"{p}.encoder_attn_layer_norm"),
+        "final_layer_norm": _layer_norm(t, f"{p}.final_layer_norm"),
+        "ffn": _ffn(t, p)}
+  unused = sorted(set(sd) - used)
+  if unused:
+    raise FairseqImportError(f"fairseq weights not understood by this model: {unused[:8]}"
+                             f"{' ...' if len(unused) > 8 else ''}")
+  return {"encoder": encoder, "decoder": decoder}
+
+
+def load_fairseq_checkpoint(path: str, **overrides):
+  """Reads a fairseq `.pt` checkpoint -> (ModelConfig, params). Needs torch installed."""
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+  except ImportError as e:
+    raise ImportError("reading fairseq .pt checkpoints needs PyTorch: pip install torch") from e
+  checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+  if "model" not in checkpoint:
+    raise FairseqImportError(f"{path} has no 'model' weights; keys: {sorted(checkpoint)}")
+  state_dict = {k: v.float().numpy() for k, v in checkpoint["model"].items()}
+  if checkpoint.get("cfg") is not None:
+    args = dict(checkpoint["cfg"]["model"].items()) if hasattr(
+        checkpoint["cfg"]["model"], "items") else vars(checkpoint["cfg"]["model"])
+  elif checkpoint.get("args") is not None:
+    args = vars(checkpoint["args"])
+  else:
+    raise FairseqImportError(f"{path} has neither 'cfg' nor 'args': cannot tell its architecture")
+  config = model_config_from_fairseq(args, state_dict, **overrides)
+  return config, convert_state_dict(state_dict, config)
