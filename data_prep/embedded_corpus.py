@@ -1,0 +1,243 @@
+"""The embedded speech-translation corpus: real translated sentences, synthetic speakers.
+
+Text: human-translated message catalogs from PyPI wheels (data_prep/po_text.py), one domain
+per package. Speech: espeak-ng voices x variants x rates x pitches as speakers; dev and test
+use voice variants never heard in training, and sentences never seen in training.
+
+Written in the exact MuST-C on-disk layout, so the MuST-C reader serves it unchanged:
+
+    {out}/{src}-{tgt}/data/{split}/wav/{talk}.wav          16 kHz mono 16-bit
+    {out}/{src}-{tgt}/data/{split}/txt/{split}.yaml        - {duration, offset, speaker_id,
+                                                              wav, domain, lang}
+    {out}/{src}-{tgt}/data/{split}/txt/{split}.{src|tgt}   one segment per line
+
+Splits are MuST-C's: train, dev, tst-COMMON. English->German is the default; `--sources
+de,es,fr,it,pt --target en` builds several languages -> English (mTEDx-style directions).
+Deterministic for a seed; resumable (finished talks are kept) and atomic (a direction is
+marked complete only when every file is in place).
+
+    python -m data_prep.embedded_corpus --out data/embedded            # en-de, ~1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import multiprocessing
+import os
+import wave
+
+import numpy as np
+
+from data_prep import po_text
+from data_prep.espeak import Synthesizer, Voice
+
+SAMPLE_RATE = 16000
+ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
+# Voice variants per split: dev and test speakers are never heard in training.
+TRAIN_VARIANTS = ("m1", "m2", "m3", "m4", "f1", "f2", "f3", "klatt", "Andy", "Alicia")
+DEV_VARIANTS = ("m6", "f4")
+TEST_VARIANTS = ("m7", "f5")
+SPLITS = ("train", "dev", "tst-COMMON")
+COMPLETE = ".complete.json"
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+  sources: tuple[str, ...] = ("en",)
+  target: str = "de"
+  seed: int = 0
+  heldout_fraction: float = 0.08          # of the sentences, for dev and again for test
+  train_speakers_per_sentence: int = 2    # each training sentence is spoken this many times
+  segments_per_talk: int = 20
+  max_sentences: int = 0                  # per direction; 0 = all
+  wheel_cache: str = ""                   # default: {out}/wheels
+
+  def directions(self):
+    return [(s, self.target) for s in self.sources if s != self.target]
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+  source: str
+  target: str
+  domain: str
+  voice: Voice
+
+
+def _speakers(rng, language: str, variants, count: int) -> list[Voice]:
+  voices = []
+  for i in range(count):
+    variant = variants[i % len(variants)]
+    voices.append(Voice(ESPEAK_VOICE[language], variant, int(rng.integers(125, 186)),
+                        int(rng.integers(25, 76))))
+  return voices
+
+
+def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str, str]):
+  """{split: [talk segments]}: the deterministic plan of one direction."""
+  rng = np.random.default_rng([spec.seed, sum(map(ord, source + target))])
+  pairs = []  # (source text, target text, domain)
+  for domain, wheel in sorted(wheels.items()):
+    language = source if source != "en" else target
+    for english, translated in po_text.sentence_pairs(wheel, language):
+      pairs.append((english, translated, domain) if source == "en" else
+                   (translated, english, domain))
+  if not pairs:
+    raise po_text.TextSourceError(f"no sentence pairs for {source}-{target}")
+  order = rng.permutation(len(pairs))
+  if spec.max_sentences:
+    order = order[:spec.max_sentences]
+  n_held = max(1, int(len(order) * spec.heldout_fraction))
+  split_pairs = {"dev": order[:n_held], "tst-COMMON": order[n_held:2 * n_held],
+                 "train": order[2 * n_held:]}
+  speakers = {"train": _speakers(rng, source, TRAIN_VARIANTS, 10),
+              "dev": _speakers(rng, source, DEV_VARIANTS, 2),
+              "tst-COMMON": _speakers(rng, source, TEST_VARIANTS, 2)}
+  plan = {}
+  for split in SPLITS:
+    repeats = spec.train_speakers_per_sentence if split == "train" else 1
+    by_speaker: dict[Voice, list[Segment]] = {}
+    for index in split_pairs[split]:
+      chosen = rng.choice(len(speakers[split]), size=repeats, replace=False)
+      for c in chosen:
+        voice = speakers[split][c]
+        by_speaker.setdefault(voice, []).append(Segment(*pairs[index], voice))
+    talks = []
+    for voice in speakers[split]:
+      segments = by_speaker.get(voice, [])
+      for start in range(0, len(segments), spec.segments_per_talk):
+        talks.append(segments[start:start + spec.segments_per_talk])
+    plan[split] = talks
+  return plan
+
+
+def _resample(samples: np.ndarray, rate: int) -> np.ndarray:
+  import soxr  # pylint: disable=import-outside-toplevel
+  return soxr.resample(samples.astype(np.float32) / 32768.0, rate, SAMPLE_RATE)
+
+
+def write_wav(path: str, samples: np.ndarray, rate: int = SAMPLE_RATE):
+  """Atomic 16-bit mono wav write (a reader never sees a half-written file)."""
+  tmp = path + ".tmp"
+  pcm = np.clip(np.round(samples * 32767.0), -32768, 32767).astype("<i2")
+  with wave.open(tmp, "wb") as f:
+    f.setnchannels(1)
+    f.setsampwidth(2)
+    f.setframerate(rate)
+    f.writeframes(pcm.tobytes())
+  os.replace(tmp, path)
+
+
+_SYNTH = None
+
+
+def _synthesize_talk(job):
+  """Worker: synthesises one talk wav; returns its segment entries (offsets in seconds)."""
+  global _SYNTH
+  path, segments, seed = job
+  if _SYNTH is None:
+    _SYNTH = Synthesizer()
+  rng = np.random.default_rng(seed)
+  pieces, entries, cursor = [], [], 0
+  for segment in segments:
+    gap = np.zeros(int(SAMPLE_RATE * rng.uniform(0.3, 0.9)), np.float32)
+    speech = _resample(_SYNTH.synthesize(segment.source, segment.voice), _SYNTH.sample_rate)
+    pieces += [gap, speech]
+    cursor += len(gap)
+    entries.append({"offset": round(cursor / SAMPLE_RATE, 4),
+                    "duration": round(len(speech) / SAMPLE_RATE, 4)})
+    cursor += len(speech)
+  pieces.append(np.zeros(int(SAMPLE_RATE * 0.5), np.float32))
+  if not os.path.exists(path):
+    write_wav(path, np.concatenate(pieces))
+  return entries
+
+
+def _yaml_line(entry: dict) -> str:
+  return ("- {duration: %s, offset: %s, speaker_id: %s, wav: %s, domain: %s, lang: %s}\n" %
+          (entry["duration"], entry["offset"], entry["speaker_id"], entry["wav"],
+           entry["domain"], entry["lang"]))
+
+
+def _atomic_text(path: str, text: str):
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(text)
+  os.replace(path + ".tmp", path)
+
+
+def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
+          progress: bool = True) -> list[str]:
+  """Builds every direction of `spec` under `out`; returns the direction directories."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  wheels = po_text.download_wheels(spec.wheel_cache or os.path.join(out, "wheels"))
+  done_dirs = []
+  for source, target in spec.directions():
+    root = os.path.join(out, f"{source}-{target}")
+    marker = os.path.join(root, COMPLETE)
+    spec_json = json.dumps(dataclasses.asdict(spec), sort_keys=True)
+    if os.path.exists(marker):
+      with open(marker, encoding="utf-8") as f:
+        if json.load(f).get("spec") == spec_json:
+          done_dirs.append(root)
+          continue
+      raise FileExistsError(f"{root} was built with a different spec; remove it or choose "
+                            f"another --out")
+    plan = plan_direction(spec, source, target, wheels)
+    jobs, meta = [], []
+    for split, talks in plan.items():
+      os.makedirs(os.path.join(root, "data", split, "wav"), exist_ok=True)
+      os.makedirs(os.path.join(root, "data", split, "txt"), exist_ok=True)
+      for t, segments in enumerate(talks):
+        talk = f"{split.replace('-', '_')}_{t:04d}"
+        path = os.path.join(root, "data", split, "wav", f"{talk}.wav")
+        jobs.append((path, segments, spec.seed * 100003 + len(jobs)))
+        meta.append((split, talk, segments))
+    entries_by_split = {s: [] for s in SPLITS}
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+      results = pool.imap(_synthesize_talk, jobs, chunksize=1)
+      bar = tqdm(results, total=len(jobs), desc=f"synthesising {source}-{target}",
+                 unit="talk", disable=not progress)
+      for (split, talk, segments), timings in zip(meta, bar):
+        for segment, timing in zip(segments, timings):
+          entries_by_split[split].append(dict(
+              timing, speaker_id=segment.voice.speaker_id, wav=f"{talk}.wav",
+              domain=segment.domain, lang=source, source=segment.source,
+              target=segment.target))
+    for split, entries in entries_by_split.items():
+      txt = os.path.join(root, "data", split, "txt")
+      _atomic_text(os.path.join(txt, f"{split}.{source}"),
+                   "".join(e["source"] + "\n" for e in entries))
+      _atomic_text(os.path.join(txt, f"{split}.{target}"),
+                   "".join(e["target"] + "\n" for e in entries))
+      _atomic_text(os.path.join(txt, f"{split}.yaml"), "".join(map(_yaml_line, entries)))
+    counts = {s: len(e) for s, e in entries_by_split.items()}
+    _atomic_text(marker, json.dumps({"spec": spec_json, "segments": counts}))
+    done_dirs.append(root)
+  return done_dirs
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", required=True)
+  parser.add_argument("--sources", default="en", help="comma-separated source languages")
+  parser.add_argument("--target", default="de")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--max-sentences", type=int, default=0)
+  parser.add_argument("--speakers-per-sentence", type=int, default=2)
+  parser.add_argument("--workers", type=int, default=2)
+  args = parser.parse_args(argv)
+  languages = tuple(args.sources.split(","))
+  unknown = [l for l in languages + (args.target,) if l not in ESPEAK_VOICE]
+  if unknown:
+    parser.error(f"unsupported language(s) {unknown}; valid: {sorted(ESPEAK_VOICE)}")
+  spec = CorpusSpec(sources=languages, target=args.target, seed=args.seed,
+                    max_sentences=args.max_sentences,
+                    train_speakers_per_sentence=args.speakers_per_sentence)
+  for root in build(args.out, spec, args.workers):
+    print(f"built {root}")
+
+
+if __name__ == "__main__":
+  main()
