@@ -1,0 +1,166 @@
+"""Readers of speech-translation corpora laid out on disk -> segment records.
+
+Layouts (as distributed; the embedded corpus uses MuST-C's):
+
+  MuST-C v1/v2   {root}/{src}-{tgt}/data/{split}/wav/{talk}.wav
+                 {root}/{src}-{tgt}/data/{split}/txt/{split}.yaml|.{src}|.{tgt}
+                 splits: train, dev, tst-COMMON, tst-HE
+  mTEDx          {root}/{src}-{tgt}/data/{split}/wav/{talk}.flac, txt/ as MuST-C
+                 splits: train, valid, test
+  Europarl-ST    {root}/{src}/{tgt}/{split}/segments.lst ("speech_id start end" seconds),
+                 segments.{src}, segments.{tgt}; audio {root}/{src}/audios/{speech_id}.wav|flac
+                 (the distributed .m4a must be converted first); splits: train, dev, test
+
+`root` may also be the `{src}-{tgt}` directory itself. A missing or wrongly laid out corpus
+raises CorpusLayoutError naming the directory, the expected layout and where to get it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import yaml
+
+try:
+  _YAML_LOADER = yaml.CSafeLoader
+except AttributeError:  # PyYAML without libyaml
+  _YAML_LOADER = yaml.SafeLoader
+
+
+class CorpusLayoutError(FileNotFoundError):
+  pass
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentRecord:
+  id: str
+  talk: str
+  speaker: str
+  audio_path: str
+  offset: float          # seconds into the talk's audio
+  duration: float        # seconds
+  source_text: str
+  target_text: str
+  source_lang: str
+  target_lang: str
+  domain: str
+
+
+_OBTAIN = {
+    "mustc": "MuST-C is downloaded by hand from https://ict.fbk.eu/must-c/ (accept the licence, "
+             "then untar, e.g. MUSTC_v1.0_en-de.tar.gz). Or build the embedded corpus: "
+             "python -m data_prep.embedded_corpus --out data/embedded",
+    "mtedx": "mTEDx is downloaded from https://www.openslr.org/100 (e.g. mtedx_es-en.tgz).",
+    "europarl_st": "Europarl-ST is downloaded from https://www.mllp.upv.es/europarl-st/ "
+                   "(v1.1); convert audios/*.m4a to 16 kHz wav or flac first.",
+}
+SPLITS = {"mustc": ("train", "dev", "tst-COMMON", "tst-HE"),
+          "mtedx": ("train", "valid", "test"),
+          "europarl_st": ("train", "dev", "test")}
+
+
+def _pair(pair: str) -> tuple[str, str]:
+  parts = pair.split("-")
+  if len(parts) != 2 or not all(parts):
+    raise ValueError(f"language pair {pair!r} must look like 'en-de'")
+  return parts[0], parts[1]
+
+
+def _layout_error(corpus: str, directory: str, expected: str, problem: str):
+  return CorpusLayoutError(
+      f"{problem}: {directory}\nExpected layout ({corpus}):\n{expected}\n{_OBTAIN[corpus]}")
+
+
+def _read_lines(path: str) -> list[str]:
+  with open(path, encoding="utf-8") as f:
+    return [line.rstrip("\n").strip() for line in f]
+
+
+def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
+  src, tgt = _pair(pair)
+  if split not in SPLITS[corpus]:
+    raise ValueError(f"unknown {corpus} split {split!r}; valid: {SPLITS[corpus]}")
+  base = root if os.path.basename(os.path.normpath(root)) == pair else os.path.join(root, pair)
+  split_dir = os.path.join(base, "data", split)
+  expected = (f"  {base}/data/{split}/wav/<talk>{audio_ext}\n"
+              f"  {base}/data/{split}/txt/{split}.yaml, {split}.{src}, {split}.{tgt}")
+  if not os.path.isdir(root):
+    raise _layout_error(corpus, root, expected, "corpus directory does not exist")
+  if not os.path.isdir(split_dir):
+    raise _layout_error(corpus, split_dir, expected, f"no {pair} {split} split")
+  txt = os.path.join(split_dir, "txt")
+  paths = [os.path.join(txt, f"{split}.{ext}") for ext in ("yaml", src, tgt)]
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise _layout_error(corpus, txt, expected, f"missing {', '.join(missing)}")
+  with open(paths[0], encoding="utf-8") as f:
+    segments = yaml.load(f, Loader=_YAML_LOADER) or []
+  sources, targets = _read_lines(paths[1]), _read_lines(paths[2])
+  if not len(segments) == len(sources) == len(targets):
+    raise CorpusLayoutError(f"{txt}: {len(segments)} yaml segments but {len(sources)} lines in "
+                            f"{split}.{src} and {len(targets)} in {split}.{tgt}; they must match")
+  records, index_in_talk = [], {}
+  for seg, source, target in zip(segments, sources, targets):
+    wav = str(seg["wav"])
+    talk = os.path.splitext(wav)[0]
+    i = index_in_talk.get(talk, 0)
+    index_in_talk[talk] = i + 1
+    records.append(SegmentRecord(
+        id=f"{talk}_{i}", talk=talk, speaker=str(seg.get("speaker_id", talk)),
+        audio_path=os.path.join(split_dir, "wav", wav), offset=float(seg["offset"]),
+        duration=float(seg["duration"]), source_text=source, target_text=target,
+        source_lang=str(seg.get("lang", src)), target_lang=tgt,
+        domain=str(seg.get("domain", corpus))))
+  return records
+
+
+def read_mustc(root: str, pair: str = "en-de", split: str = "train") -> list[SegmentRecord]:
+  return _ted_style("mustc", root, pair, split, ".wav")
+
+
+def read_mtedx(root: str, pair: str = "es-en", split: str = "train") -> list[SegmentRecord]:
+  return _ted_style("mtedx", root, pair, split, ".flac")
+
+
+def read_europarl_st(root: str, pair: str = "de-en", split: str = "train"):
+  src, tgt = _pair(pair)
+  if split not in SPLITS["europarl_st"]:
+    raise ValueError(f"unknown europarl_st split {split!r}; valid: {SPLITS['europarl_st']}")
+  split_dir = os.path.join(root, src, tgt, split)
+  audio_dir = os.path.join(root, src, "audios")
+  expected = (f"  {split_dir}/segments.lst, segments.{src}, segments.{tgt}\n"
+              f"  {audio_dir}/<speech_id>.wav|.flac")
+  if not os.path.isdir(root):
+    raise _layout_error("europarl_st", root, expected, "corpus directory does not exist")
+  paths = [os.path.join(split_dir, f"segments.{ext}") for ext in ("lst", src, tgt)]
+  missing = [p for p in paths if not os.path.isfile(p)]
+  if missing:
+    raise _layout_error("europarl_st", split_dir, expected, f"missing {', '.join(missing)}")
+  lines, sources, targets = (_read_lines(p) for p in paths)
+  if not len(lines) == len(sources) == len(targets):
+    raise CorpusLayoutError(f"{split_dir}: {len(lines)} segments but {len(sources)} / "
+                            f"{len(targets)} text lines; they must match")
+  records, index_in_talk = [], {}
+  for line, source, target in zip(lines, sources, targets):
+    speech_id, start, end = line.split()[:3]
+    audio = next((os.path.join(audio_dir, speech_id + ext) for ext in (".wav", ".flac")
+                  if os.path.exists(os.path.join(audio_dir, speech_id + ext))),
+                 os.path.join(audio_dir, speech_id + ".m4a"))
+    i = index_in_talk.get(speech_id, 0)
+    index_in_talk[speech_id] = i + 1
+    records.append(SegmentRecord(
+        id=f"{speech_id}_{i}", talk=speech_id, speaker=speech_id, audio_path=audio,
+        offset=float(start), duration=float(end) - float(start), source_text=source,
+        target_text=target, source_lang=src, target_lang=tgt, domain="europarl"))
+  return records
+
+
+READERS = {"mustc": read_mustc, "mtedx": read_mtedx, "europarl_st": read_europarl_st}
+
+
+def read_corpus(corpus: str, root: str, pair: str, split: str) -> list[SegmentRecord]:
+  if corpus not in READERS:
+    raise ValueError(f"unknown corpus {corpus!r}; valid: {sorted(READERS)} (the embedded "
+                     f"corpus is read as mustc)")
+  return READERS[corpus](root, pair, split)

@@ -1,0 +1,51 @@
+"""SentencePiece unigram vocabularies per task, with fairseq's dictionary ids.
+
+ASR: trained on the source transcripts; ST: on the targets (fairseq's MuST-C recipe: 5000 /
+8000 pieces, character coverage 1.0). Ids 0..3 are <s>, <pad>, </s>, <unk> as in fairseq, so
+a piece id is the model's token id.
+"""
+
+import os
+
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+def train_sentencepiece(texts, model_prefix: str, vocab_size: int) -> str:
+  """Trains `{model_prefix}.model` (atomically); returns its path. If the text is too small
+  for `vocab_size`, SentencePiece keeps the pieces it can (the real size is in the model)."""
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+  texts = [t for t in texts if t.strip()]
+  if not texts:
+    raise ValueError(f"no text to train the SentencePiece model {model_prefix}")
+  tmp_prefix = model_prefix + ".tmp"
+  spm.SentencePieceTrainer.train(
+      sentence_iterator=iter(texts), model_prefix=tmp_prefix, vocab_size=vocab_size,
+      model_type="unigram", character_coverage=1.0, bos_id=BOS_ID, pad_id=PAD_ID,
+      eos_id=EOS_ID, unk_id=UNK_ID, hard_vocab_limit=False, num_threads=2,
+      minloglevel=2, input_sentence_size=1_000_000, shuffle_input_sentence=True)
+  for ext in (".model", ".vocab"):
+    os.replace(tmp_prefix + ext, model_prefix + ext)
+  return model_prefix + ".model"
+
+
+class Vocabulary:
+  """Text <-> ids with a trained SentencePiece model (ids are fairseq's)."""
+
+  def __init__(self, model_path: str):
+    import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+    if not os.path.isfile(model_path):
+      raise FileNotFoundError(f"SentencePiece model {model_path} not found; run data_prep."
+                              f"prepare first")
+    self.path = model_path
+    self.sp = spm.SentencePieceProcessor(model_file=model_path)
+
+  @property
+  def size(self) -> int:
+    return self.sp.get_piece_size()
+
+  def encode(self, text: str) -> list[int]:
+    return self.sp.encode(text)
+
+  def decode(self, ids) -> str:
+    ids = [int(i) for i in ids if int(i) not in (BOS_ID, PAD_ID, EOS_ID)]
+    return self.sp.decode(ids)
