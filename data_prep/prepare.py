@@ -58,9 +58,17 @@ def process_talk(job) -> dict:
       skipped.append((r["id"], "empty text"))
       continue
     try:
-      fb = features.fbank(cut_segment(audio, r["offset"], r["duration"]))
+      segment = cut_segment(audio, r["offset"], r["duration"])
     except AudioError as e:
       skipped.append((r["id"], e.reason))
+      continue
+    if not np.all(np.isfinite(segment)):   # the fbank of NaN/inf samples is not finite
+      skipped.append((r["id"], "non-finite features"))
+      continue
+    try:
+      fb = features.fbank(segment)
+    except Exception as e:  # pylint: disable=broad-except  # counted, never a crash mid-corpus
+      skipped.append((r["id"], f"feature extraction failed ({type(e).__name__})"))
       continue
     if len(fb) < MIN_FRAMES:
       skipped.append((r["id"], f"fewer than {MIN_FRAMES} frames"))

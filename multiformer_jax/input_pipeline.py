@@ -1,0 +1,242 @@
+"""Prepared TFDS data -> padded batches bounded by frames, in a few static shapes, with masks.
+
+Batching follows fairseq (batches bounded by padded source frames, built over length-sorted
+indices) with what XLA needs: utterances fall into a small fixed set of length buckets, each
+bucket has one batch size (`max_frames // bucket_length`, a multiple of the global device
+count) and one padded target length, so the train step compiles once per bucket. A batch that
+is not full is filled with padding examples of weight 0.
+
+The order is a pure function of (seed, epoch): the iterator state is (epoch, batches consumed),
+so a resumed run continues with exactly the next batch. Every JAX process computes the same
+global plan and takes its own contiguous slice of each batch. SpecAugment (training only) draws
+from a generator seeded by (seed, epoch, utterance), so a resumed run sees the same masks.
+Evaluation iterates every utterance of a split exactly once.
+
+Batch (numpy):
+  features [B, T, 80] float32     lengths [B] int32          weights [B] float32 (0 = padding)
+  prev_tokens [B, U] int32 (EOS + tokens)   targets [B, U] int32 (tokens + EOS, pad = 1)
+  index [B] int32 (data-source index, -1 for padding)   source_lang, target_lang, domain [B]
+  int32 (ids into the pipeline's `tags`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Iterator
+
+import numpy as np
+
+from data_prep import features as features_lib
+from data_prep import tfds_dataset, vocab
+
+CMVN_MODES = ("utterance", "global", "none")
+TASKS = ("asr", "st")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+  prepared_dir: str
+  task: str = "st"                 # asr: source transcripts; st: target translations
+  max_frames: int = 40000          # padded source frames per global batch (fairseq max_tokens)
+  num_buckets: int = 8
+  max_source_frames: int = 3000
+  max_target_tokens: int = 1023    # tokens before EOS (decoder max positions - 1)
+  cmvn: str = "utterance"
+  specaugment: bool = True         # training split only
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.task not in TASKS:
+      raise ValueError(f"data task {self.task!r}; valid: {TASKS}")
+    if self.cmvn not in CMVN_MODES:
+      raise ValueError(f"data.cmvn={self.cmvn!r}; valid: {CMVN_MODES}")
+
+
+def bucket_boundaries(max_len: int, num_buckets: int, multiple: int = 16) -> np.ndarray:
+  """Geometrically spaced lengths up to `max_len`, rounded up to `multiple`."""
+  low = min(max_len, 64)
+  edges = np.geomspace(low, max_len, num_buckets) if num_buckets > 1 else np.array([max_len])
+  edges = np.unique(np.ceil(edges / multiple).astype(int) * multiple)
+  edges[-1] = max(edges[-1], int(math.ceil(max_len / multiple) * multiple))
+  return edges
+
+
+class SplitData:
+  """A prepared split: its data source, lengths, token ids and tags (loaded once)."""
+
+  def __init__(self, config: PipelineConfig, split: str):
+    prepared = config.prepared_dir
+    marker = os.path.join(prepared, "prepared.json")
+    if not os.path.exists(marker):
+      raise FileNotFoundError(f"{prepared} is not a prepared corpus (no prepared.json); run "
+                              f"python -m data_prep.prepare --out {prepared} ...")
+    with open(marker, encoding="utf-8") as f:
+      self.summary = json.load(f)
+    self.config = config
+    self.split = split
+    index_path = os.path.join(prepared, "index", f"{split}.npz")
+    if not os.path.exists(index_path):
+      raise ValueError(f"split {split!r} was not prepared in {prepared}; prepared: "
+                       f"{sorted(self.summary['splits'])}")
+    index = np.load(index_path)
+    self.n_frames = index["n_frames"].astype(np.int64)
+    self.ids = index["id"]
+    self.vocab = vocab.Vocabulary(os.path.join(prepared, self.summary["vocab"][config.task]
+                                               ["model"]))
+    texts = index["source_text" if config.task == "asr" else "target_text"]
+    self.tokens = [np.array(self.vocab.encode(str(t))[:config.max_target_tokens], np.int32)
+                   for t in texts]
+    self.references = [str(t) for t in texts]
+    self.tag_values = {name: index[name] for name in ("source_lang", "target_lang", "domain")}
+    self.source = None  # opened lazily: data sources do not pickle
+    self.gcmvn = None
+    if config.cmvn == "global":
+      stats = np.load(os.path.join(prepared, self.summary["gcmvn"]))
+      self.gcmvn = (stats["mean"], stats["std"])
+
+  def __len__(self):
+    return len(self.n_frames)
+
+  def fbank(self, i: int) -> np.ndarray:
+    if self.source is None:
+      self.source = tfds_dataset.open_split(os.path.join(self.config.prepared_dir, "tfds"),
+                                            self.split)
+    return np.asarray(self.source[int(i)]["fbank"], np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bucket:
+  frames: int       # padded source length
+  tokens: int       # padded target length (incl. EOS)
+  batch_size: int   # global batch size
+
+
+class Batcher:
+  """The batch plan and the batch assembly for one split."""
+
+  def __init__(self, data: SplitData, train: bool, global_batch_multiple: int = 1,
+               process_index: int = 0, process_count: int = 1, tags=None):
+    cfg = data.config
+    self.data, self.train = data, train
+    self.process_index, self.process_count = process_index, process_count
+    multiple = global_batch_multiple * process_count
+    longest = int(max(data.n_frames.max(), 1))
+    if train and longest > cfg.max_source_frames:
+      raise ValueError(f"{data.split} has utterances of {longest} frames, longer than "
+                       f"data.max_source_frames={cfg.max_source_frames}")
+    self.edges = bucket_boundaries(longest, cfg.num_buckets)
+    if self.edges[0] * multiple > cfg.max_frames:
+      raise ValueError(f"data.max_frames={cfg.max_frames} cannot hold {multiple} utterances "
+                       f"of {self.edges[0]} frames (one per device); raise max_frames")
+    self.bucket_of = np.searchsorted(self.edges, data.n_frames)          # [N]
+    token_lens = np.array([len(t) + 1 for t in data.tokens])             # + EOS
+    self.buckets = []
+    for b, frames in enumerate(self.edges):
+      members = token_lens[self.bucket_of == b]
+      tokens = int(math.ceil(max(members.max() if members.size else 1, 1) / 8) * 8)
+      size = max(multiple, (cfg.max_frames // int(frames)) // multiple * multiple)
+      self.buckets.append(Bucket(int(frames), tokens, size))
+    self.tags = tags or {name: sorted(set(map(str, values)))
+                         for name, values in data.tag_values.items()}
+    self.spec_augment = features_lib.SpecAugment() if (train and cfg.specaugment) else None
+
+  @property
+  def shapes(self) -> list[tuple[int, int, int]]:
+    return [(b.batch_size, b.frames, b.tokens) for b in self.buckets]
+
+  def epoch_plan(self, epoch: int) -> list[tuple[int, np.ndarray]]:
+    """[(bucket, global indices padded with -1)] of one epoch: a function of (seed, epoch)."""
+    rng = np.random.default_rng([self.data.config.seed, epoch]) if self.train else None
+    plan = []
+    for b, bucket in enumerate(self.buckets):
+      members = np.flatnonzero(self.bucket_of == b)
+      if rng is not None:
+        members = rng.permutation(members)
+      else:
+        members = members[np.argsort(self.data.n_frames[members], kind="stable")]
+      for start in range(0, len(members), bucket.batch_size):
+        chunk = members[start:start + bucket.batch_size]
+        plan.append((b, np.pad(chunk, (0, bucket.batch_size - len(chunk)), constant_values=-1)))
+    if rng is not None:
+      order = rng.permutation(len(plan))
+      plan = [plan[i] for i in order]
+    return plan
+
+  def assemble(self, bucket_id: int, indices: np.ndarray, epoch: int) -> dict:
+    """This process's slice of a global batch, as numpy arrays."""
+    bucket = self.buckets[bucket_id]
+    per_process = len(indices) // self.process_count
+    local = indices[self.process_index * per_process:(self.process_index + 1) * per_process]
+    cfg, data = self.data.config, self.data
+    n = len(local)
+    batch = {
+        "features": np.zeros((n, bucket.frames, features_lib.NUM_MEL_BINS), np.float32),
+        "lengths": np.ones(n, np.int32),
+        "prev_tokens": np.full((n, bucket.tokens), vocab.PAD_ID, np.int32),
+        "targets": np.full((n, bucket.tokens), vocab.PAD_ID, np.int32),
+        "weights": np.zeros(n, np.float32),
+        "index": np.full(n, -1, np.int32),
+    }
+    for name in self.tags:
+      batch[name] = np.zeros(n, np.int32)
+    for row, i in enumerate(local):
+      if i < 0:
+        continue
+      fbank = data.fbank(i)
+      if cfg.cmvn == "utterance":
+        fbank = features_lib.utterance_cmvn(fbank)
+      elif cfg.cmvn == "global":
+        fbank = features_lib.global_cmvn(fbank, *data.gcmvn)
+      if self.spec_augment is not None:
+        fbank = self.spec_augment(fbank, np.random.default_rng([cfg.seed, epoch, int(i)]))
+      batch["features"][row, :len(fbank)] = fbank
+      batch["lengths"][row] = len(fbank)
+      tokens = data.tokens[i]
+      batch["prev_tokens"][row, 0] = vocab.EOS_ID
+      batch["prev_tokens"][row, 1:len(tokens) + 1] = tokens
+      batch["targets"][row, :len(tokens)] = tokens
+      batch["targets"][row, len(tokens)] = vocab.EOS_ID
+      batch["weights"][row] = 1.0
+      batch["index"][row] = i
+      for name, values in self.tags.items():
+        value = str(data.tag_values[name][i])
+        batch[name][row] = values.index(value) if value in values else -1
+    return batch
+
+
+class TrainIterator:
+  """Endless training batches; `state()` / `restore()` give exact resumption."""
+
+  def __init__(self, batcher: Batcher, epoch: int = 0, position: int = 0):
+    self.batcher = batcher
+    self.epoch, self.position = epoch, position
+    self._plan_epoch, self._plan = None, None
+
+  def state(self) -> dict:
+    return {"epoch": self.epoch, "position": self.position}
+
+  def restore(self, state: dict):
+    self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+  def __iter__(self):
+    return self
+
+  def __next__(self) -> dict:
+    if self._plan_epoch != self.epoch:
+      self._plan_epoch, self._plan = self.epoch, self.batcher.epoch_plan(self.epoch)
+    if self.position >= len(self._plan):
+      self.epoch, self.position = self.epoch + 1, 0
+      return next(self)
+    bucket, indices = self._plan[self.position]
+    batch = self.batcher.assemble(bucket, indices, self.epoch)
+    self.position += 1
+    return batch
+
+
+def eval_batches(batcher: Batcher) -> Iterator[dict]:
+  """Every utterance of the split exactly once (padding examples have weight 0)."""
+  for bucket, indices in batcher.epoch_plan(0):
+    yield batcher.assemble(bucket, indices, 0)

@@ -1,0 +1,254 @@
+"""Data: corpus readers, features, bad input, preparation, and the input pipeline, on a tiny
+MuST-C-layout corpus built here (tones and noise, with every kind of bad input)."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import soundfile
+
+from data_prep import corpora, prepare
+from data_prep.audio import SAMPLE_RATE
+from data_prep.features import SpecAugment, fbank, utterance_cmvn
+from multiformer_jax import input_pipeline as ip
+from tests.kaldi_reference import kaldi_fbank
+
+RNG = np.random.default_rng(0)
+WORDS = "the cat sat on a mat and then it ran to see the dog in the sun".split()
+
+
+def _audio(seconds, rate=SAMPLE_RATE, channels=1):
+  t = np.arange(int(seconds * rate)) / rate
+  tone = 0.2 * np.sin(2 * np.pi * RNG.uniform(150, 400) * t) + 0.05 * RNG.normal(size=t.size)
+  return np.stack([tone] * channels, axis=1) if channels > 1 else tone
+
+
+def _sentence(n):
+  return " ".join(RNG.choice(WORDS, size=n))
+
+
+def write_split(root, split, talks):
+  """talks: {name: (kind, seconds, [(offset, duration, src, tgt)])} -> MuST-C files."""
+  base = os.path.join(root, "en-de", "data", split)
+  os.makedirs(os.path.join(base, "wav"))
+  os.makedirs(os.path.join(base, "txt"))
+  yaml_lines, sources, targets = [], [], []
+  for name, (kind, seconds, segments) in talks.items():
+    path = os.path.join(base, "wav", f"{name}.wav")
+    if kind == "corrupt":
+      with open(path, "wb") as f:
+        f.write(b"RIFF not really a wav file" * 20)
+    elif kind == "stereo":
+      soundfile.write(path, _audio(seconds, channels=2), SAMPLE_RATE)
+    elif kind == "8k":
+      soundfile.write(path, _audio(seconds, rate=8000), 8000)
+    elif kind == "nan":
+      audio = _audio(seconds)
+      audio[: SAMPLE_RATE // 2] = np.nan
+      soundfile.write(path, audio.astype(np.float32), SAMPLE_RATE, subtype="FLOAT")
+    elif kind == "truncated":
+      soundfile.write(path, _audio(seconds), SAMPLE_RATE, subtype="PCM_16")
+      with open(path, "rb") as f:
+        data = f.read()
+      with open(path, "wb") as f:
+        f.write(data[:len(data) // 2])
+    else:
+      soundfile.write(path, _audio(seconds), SAMPLE_RATE, subtype="PCM_16")
+    for offset, duration, src, tgt in segments:
+      yaml_lines.append(f"- {{duration: {duration}, offset: {offset}, speaker_id: spk_{name}, "
+                        f"wav: {name}.wav}}\n")
+      sources.append(src + "\n")
+      targets.append(tgt + "\n")
+  for ext, lines in (("yaml", yaml_lines), ("en", sources), ("de", targets)):
+    with open(os.path.join(base, "txt", f"{split}.{ext}"), "w", encoding="utf-8") as f:
+      f.writelines(lines)
+
+
+def _good_segments(count, start=0.3):
+  segs, t = [], start
+  for _ in range(count):
+    d = round(float(RNG.uniform(0.4, 1.6)), 2)
+    segs.append((round(t, 2), d, _sentence(int(RNG.integers(3, 8))),
+                 _sentence(int(RNG.integers(3, 8)))))
+    t += d + 0.2
+  return segs, t + 0.3
+
+
+def build_tiny_corpus(root):
+  talks = {}
+  for i in range(6):
+    segs, seconds = _good_segments(6)
+    talks[f"good{i}"] = ("wav", seconds, segs)
+  talks["bad"] = ("wav", 6.0, [
+      (0.5, 1.0, "a fine sentence here", "ein guter Satz hier"),
+      (2.0, 1.0, "   ", "leer"),                                   # empty text
+      (3.5, 0.03, "too short to use", "zu kurz"),                  # fewer than 5 frames
+      (5.5, 2.0, "past the end of file", "nach dem Ende"),         # segment past end
+  ])
+  talks["stereo"] = ("stereo", 3.0, [(0.5, 1.5, "two channels of sound", "zwei Kanaele")])
+  talks["lowrate"] = ("8k", 3.0, [(0.5, 1.5, "eight kilohertz audio", "acht Kilohertz")])
+  talks["corrupt"] = ("corrupt", 0, [(0.5, 1.0, "cannot be read at all", "nicht lesbar"),
+                                     (2.0, 1.0, "nor this one", "auch nicht")])
+  talks["nans"] = ("nan", 2.0, [(0.1, 1.0, "not a number inside", "keine Zahl")])
+  talks["trunc"] = ("truncated", 4.0, [(0.2, 1.0, "start is still there", "Anfang ist da"),
+                                       (3.0, 0.8, "end was cut off", "Ende fehlt")])
+  write_split(root, "train", talks)
+  dev = {}
+  for i in range(3):
+    segs, seconds = _good_segments(5)
+    dev[f"dev{i}"] = ("wav", seconds, segs)
+  write_split(root, "dev", dev)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("corpus"))
+  build_tiny_corpus(root)
+  out = str(tmp_path_factory.mktemp("prepared"))
+  prepare.prepare("mustc", root, ["en-de"], out, ["train", "dev"], asr_vocab=40, st_vocab=40,
+                  workers=1, progress=False)
+  return root, out
+
+
+def test_fbank_matches_numpy_kaldi_reference():
+  x = (0.05 * RNG.normal(size=12345) +
+       0.3 * np.sin(np.arange(12345) * 2 * np.pi * 440 / 16000)).astype(np.float32)
+  ours, ref = fbank(x), kaldi_fbank(x)
+  assert ours.shape == ref.shape == (75, 80)
+  np.testing.assert_allclose(ours, ref, atol=2e-3)
+
+
+def test_utterance_cmvn_and_specaugment():
+  x = RNG.normal(3.0, 2.0, size=(200, 80)).astype(np.float32)
+  y = utterance_cmvn(x)
+  np.testing.assert_allclose(y.mean(0), 0, atol=1e-4)
+  np.testing.assert_allclose(y.std(0), 1, atol=1e-3)
+  a = SpecAugment()(y, np.random.default_rng(5))
+  b = SpecAugment()(y, np.random.default_rng(5))
+  np.testing.assert_array_equal(a, b)                      # same seed, same masks
+  masked = a == y.mean()
+  masked_rows, masked_cols = masked.all(1), masked.all(0)
+  assert 0 < masked_cols.sum() < 27 and 0 < masked_rows.sum() < 100   # F=27, T=100
+  # Only whole masked rows and columns change, and they carry the spectrogram's mean.
+  changed = a != y
+  assert np.all(changed <= (masked_rows[:, None] | masked_cols[None, :]))
+
+
+def test_mustc_reader_round_trip(prepared):
+  root, _ = prepared
+  records = corpora.read_mustc(root, "en-de", "dev")
+  assert len(records) == 15
+  first = records[0]
+  assert first.id == "dev0_0" and first.talk == "dev0" and first.speaker == "spk_dev0"
+  assert first.audio_path.endswith(os.path.join("dev", "wav", "dev0.wav"))
+  with open(os.path.join(root, "en-de", "data", "dev", "txt", "dev.de"), encoding="utf-8") as f:
+    assert [r.target_text for r in records] == f.read().splitlines()
+  assert {r.source_lang for r in records} == {"en"} and {r.domain for r in records} == {"mustc"}
+
+
+def test_missing_or_mislaid_corpus_names_the_directory_and_layout(tmp_path):
+  with pytest.raises(corpora.CorpusLayoutError) as info:
+    corpora.read_mustc(str(tmp_path / "nowhere"), "en-de", "train")
+  message = str(info.value)
+  assert "nowhere" in message and "data/train/txt/train.yaml" in message
+  assert "ict.fbk.eu/must-c" in message
+  (tmp_path / "en-de" / "data" / "train" / "txt").mkdir(parents=True)
+  with pytest.raises(corpora.CorpusLayoutError, match="missing .*train.yaml"):
+    corpora.read_mustc(str(tmp_path), "en-de", "train")
+  with pytest.raises(ValueError, match="unknown mustc split 'test'"):
+    corpora.read_mustc(str(tmp_path), "en-de", "test")
+
+
+def test_bad_input_is_skipped_or_repaired_with_its_reason(prepared):
+  _, out = prepared
+  with open(os.path.join(out, "prep_report.json"), encoding="utf-8") as f:
+    report = json.load(f)["train"]
+  assert report["skipped"] == {
+      "empty text": 1, "fewer than 5 frames": 1, "segment past end of audio": 2,
+      "unreadable audio": 2, "non-finite features": 1}
+  assert report["skipped_examples"]["segment past end of audio"] == ["bad_3", "trunc_1"]
+  assert report["skipped_examples"]["unreadable audio"] == ["corrupt_0", "corrupt_1"]
+  assert report["repaired_talks"] == {"downmixed to mono": 1,
+                                      "resampled 8000 Hz -> 16000 Hz": 1}
+  assert report["kept"] == 36 + 1 + 1 + 1 + 1 == report["segments"] - 7
+
+
+def test_preparation_is_resumable_and_complete(prepared, monkeypatch):
+  _, out = prepared
+  with open(os.path.join(out, "prepared.json"), encoding="utf-8") as f:
+    summary = json.load(f)
+  assert summary["splits"] == {"train": 40, "dev": 15}
+  # A rerun does no work: it must not even look at the audio again.
+  monkeypatch.setattr(prepare, "process_talk", lambda job: pytest.fail("redone"))
+  assert prepare.prepare("mustc", "/nonexistent", ["en-de"], out) == summary
+  # A finished talk's cache is reused by process_talk itself.
+  cached = sorted(os.listdir(os.path.join(out, "features", "train")))
+  assert all(name.endswith(".npz") for name in cached) and len(cached) == 12
+
+
+def _pipeline(out, split="train", train=True, max_frames=1200, multiple=2, **kw):
+  config = ip.PipelineConfig(out, task="st", max_frames=max_frames, num_buckets=4, **kw)
+  return ip.Batcher(ip.SplitData(config, split), train, multiple)
+
+
+def test_batches_are_bounded_and_few_shapes(prepared):
+  _, out = prepared
+  batcher = _pipeline(out)
+  shapes = set()
+  for epoch in range(2):
+    for bucket, indices in batcher.epoch_plan(epoch):
+      batch = batcher.assemble(bucket, indices, epoch)
+      b, t, _ = batch["features"].shape
+      assert b * t <= 1200 and b % 2 == 0
+      assert np.all(batch["lengths"][batch["weights"] > 0] <= t)
+      shapes.add((b, t, batch["targets"].shape[1]))
+  assert len(shapes) <= 4
+
+
+def test_resumed_iterator_yields_the_same_batches(prepared):
+  _, out = prepared
+  full = ip.TrainIterator(_pipeline(out))
+  expected = [next(full) for _ in range(12)]          # crosses an epoch boundary
+  first = ip.TrainIterator(_pipeline(out))
+  for _ in range(5):
+    next(first)
+  resumed = ip.TrainIterator(_pipeline(out))
+  resumed.restore(json.loads(json.dumps(first.state())))
+  for want in expected[5:]:
+    got = next(resumed)
+    for key in want:
+      np.testing.assert_array_equal(got[key], want[key])
+
+
+def test_evaluation_sees_every_utterance_once(prepared):
+  _, out = prepared
+  batcher = _pipeline(out, "dev", train=False, multiple=4)
+  seen = []
+  for batch in ip.eval_batches(batcher):
+    seen += batch["index"][batch["weights"] > 0].tolist()
+    assert np.all(batch["index"][batch["weights"] == 0] == -1)
+  assert sorted(seen) == list(range(15))
+
+
+def test_processes_take_disjoint_slices_of_each_global_batch(prepared):
+  _, out = prepared
+  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4)
+  data = ip.SplitData(config, "train")
+  batchers = [ip.Batcher(data, True, 1, p, 2) for p in range(2)]
+  bucket, indices = batchers[0].epoch_plan(0)[0]
+  parts = [b.assemble(bucket, indices, 0)["index"] for b in batchers]
+  np.testing.assert_array_equal(np.concatenate(parts), indices)
+
+
+def test_targets_are_tokens_plus_eos_and_decode_back(prepared):
+  _, out = prepared
+  batcher = _pipeline(out, "dev", train=False)
+  batch = next(ip.eval_batches(batcher))
+  row = 0
+  i = batch["index"][row]
+  targets, prev = batch["targets"][row], batch["prev_tokens"][row]
+  n = int((targets != 1).sum())
+  assert targets[n - 1] == 2 and prev[0] == 2
+  np.testing.assert_array_equal(prev[1:n], targets[:n - 1])
+  assert batcher.data.vocab.decode(targets[:n]) == batcher.data.references[i]
