@@ -1,0 +1,71 @@
+"""Losses and scores: fairseq's label-smoothed cross-entropy, sacreBLEU, WER.
+
+Losses are returned as sums plus a denominator (the number of target tokens, EOS included) so
+that accumulation over micro-batches and devices is exact.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+import jax
+import jax.numpy as jnp
+
+PAD_ID = 1
+
+
+def label_smoothed_nll(logits, targets, epsilon: float, pad_id: int = PAD_ID):
+  """fairseq label_smoothed_nll_loss, summed over non-pad tokens.
+
+  eps_i = epsilon / (V - 1); loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v(-log p_v).
+  logits [B, U, V], targets [B, U] -> (loss_sum, nll_sum, ntokens).
+  """
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  mask = (targets != pad_id).astype(jnp.float32)
+  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  smooth = -jnp.sum(log_probs, axis=-1)
+  eps_i = epsilon / (logits.shape[-1] - 1)
+  loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+  return jnp.sum(loss * mask), jnp.sum(nll * mask), jnp.sum(mask)
+
+
+def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict:
+  """sacreBLEU (13a, case-sensitive) on detokenised text: score and signature."""
+  import sacrebleu  # pylint: disable=import-outside-toplevel
+  metric = sacrebleu.metrics.BLEU()
+  result = metric.corpus_score(hypotheses, [references])
+  return {"bleu": round(result.score, 2), "signature": str(metric.get_signature()),
+          "detail": str(result)}
+
+
+def _is_punctuation(token: str) -> bool:
+  return all(unicodedata.category(c).startswith("P") for c in token)
+
+
+def normalize_for_wer(text: str) -> list[str]:
+  """fairseq's WER normalisation: 13a tokenisation, drop tokens made only of Unicode
+  punctuation, lowercase."""
+  from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a  # pylint: disable=import-outside-toplevel
+  tokens = Tokenizer13a()(text).split()
+  return [t.lower() for t in tokens if not _is_punctuation(t)]
+
+
+def corpus_wer(hypotheses: list[str], references: list[str]) -> dict:
+  """Corpus-level WER: total edit distance over total reference words, x100."""
+  import jiwer  # pylint: disable=import-outside-toplevel
+  refs = [" ".join(normalize_for_wer(r)) for r in references]
+  hyps = [" ".join(normalize_for_wer(h)) for h in hypotheses]
+  keep = [i for i, r in enumerate(refs) if r]
+  if not keep:
+    raise ValueError("every reference is empty after WER normalisation")
+  # jiwer rejects empty hypotheses: an empty hypothesis costs one deletion per reference word.
+  empty = [i for i in keep if not hyps[i]]
+  edits = sum(len(refs[i].split()) for i in empty)
+  scored = [i for i in keep if hyps[i]]
+  if scored:
+    out = jiwer.process_words([refs[i] for i in scored], [hyps[i] for i in scored])
+    edits += out.substitutions + out.deletions + out.insertions
+  words = sum(len(refs[i].split()) for i in keep)
+  return {"wer": round(100.0 * edits / words, 2), "edits": int(edits), "words": int(words),
+          "normalisation": "13a tokens, punctuation-only tokens dropped, lowercased"}
+
