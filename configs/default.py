@@ -47,7 +47,71 @@ def get_config(arg=None):
   m.eos_id = 2
   m.unk_id = 3
 
+  # --- data: data_prep/prepare.py output, and how to batch it -----------------------------
+  d = config.data = ml_collections.ConfigDict()
+  d.prepared_dir = "data/prepared/mustc_en_de"   # python -m data_prep.prepare --out ...
+  # If prepared_dir is not prepared yet, run.py prepares it from here (resumable):
+  d.corpus = "mustc"           # mustc | mtedx | europarl_st (the embedded corpus is mustc)
+  d.root = ""                  # the corpus download directory
+  d.pairs = "en-de"            # comma-separated language pairs
+  d.embedded = False           # build the embedded corpus into `root` first (no download)
+  d.embedded_sources = "en"    # embedded corpus: source language(s)
+  d.embedded_target = "de"     # embedded corpus: target language
+  d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)
+  d.st_vocab = 8000
+  d.train_split = "train"
+  d.dev_split = "dev"
+  d.test_split = "tst-COMMON"
+  d.max_frames = 40000         # padded source frames per global batch (fairseq max_tokens)
+  d.num_buckets = 8            # distinct batch shapes (compilations) per split
+  d.max_source_frames = 3000
+  d.cmvn = "utterance"         # utterance | global | none
+  d.specaugment = True         # fairseq "lb" policy, training split only
+  d.seed = 1
+
+  # --- training: shared by both stages ----------------------------------------------------
+  t = config.train = ml_collections.ConfigDict()
+  t.stages = ("asr", "st")     # run in order; a finished stage is skipped on rerun
+  t.parallel = "pmap"          # pmap | jit (sharding); data parallel over all devices
+  t.seed = 1
+  t.log_every = 10             # updates between log lines / scalars (also a host sync)
+  t.adam_b1 = 0.9
+  t.adam_b2 = 0.999
+  t.adam_eps = 1e-8
+  t.clip_norm = 10.0
+  t.label_smoothing = 0.1
+  t.max_consecutive_nonfinite = 10
+
+  # --- the two stages ----------------------------------------------------------------------
+  config.asr = stage_config(lr=1e-3)
+  config.st = stage_config(lr=2e-3)
+  # ST stage: initialise the encoder from the ASR stage's latest | best | average checkpoint.
+  config.st.encoder_init = "average"
+  config.st.encoder_init_average = 10
+
+  # --- evaluation ----------------------------------------------------------------------------
+  e = config.eval = ml_collections.ConfigDict()
+  e.checkpoint = "average"     # latest | best | average
+  e.average_last = 10
+  e.beam = 5
+  e.length_penalty = 1.0
+  e.max_len_a = 0.0            # max target tokens = a * source frames + b
+  e.max_len_b = 200
+  e.batch_frames = 20000       # padded source frames per evaluation batch
+  e.after_training = False     # run.py evaluates every stage on data.test_split at the end
   return apply_arg(config, arg)
+
+
+def stage_config(lr):
+  """The schedule and bookkeeping of one stage (fairseq's recipe: 50k updates)."""
+  s = ml_collections.ConfigDict()
+  s.lr = lr                    # peak learning rate of the inverse-sqrt schedule
+  s.warmup_updates = 10000     # linear warmup from 0
+  s.max_updates = 50000
+  s.update_freq = 1            # gradient accumulation (fairseq --update-freq)
+  s.eval_every = 1000          # updates between dev evaluations + checkpoints
+  s.keep_last = 5              # checkpoints kept besides the best (by dev loss)
+  return s
 
 
 def runlocal(config):

@@ -1,0 +1,105 @@
+"""orbax checkpoints of a training stage: keep the last K and the best by dev loss, average.
+
+A checkpoint holds the train state (parameters, optimizer state, accumulators, RNG key, step)
+and a JSON `meta` item (stage, data-iterator position, dev loss, the model config). The
+experiment config is saved once beside the stage directories (`{workdir}/config.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+
+class StageCheckpoints:
+  def __init__(self, directory: str, keep_last: int = 5):
+    self.directory = os.path.abspath(directory)
+    self.keep_last = keep_last
+    self.manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
+                                             enable_async_checkpointing=False))
+
+  def steps(self) -> list[int]:
+    return sorted(self.manager.all_steps())
+
+  def latest(self) -> int | None:
+    steps = self.steps()
+    return steps[-1] if steps else None
+
+  def meta(self, step: int) -> dict:
+    restored = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return dict(restored["meta"])
+
+  def best(self) -> int | None:
+    scored = [(m["dev_loss"], s) for s in self.steps()
+              if (m := self.meta(s)).get("dev_loss") is not None]
+    return min(scored)[1] if scored else self.latest()
+
+  def save(self, step: int, state, meta: dict):
+    """Saves, then keeps only the last `keep_last` checkpoints and the best one."""
+    if step in self.manager.all_steps():
+      return
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta)))
+    self.manager.wait_until_finished()
+    steps = self.steps()
+    keep = set(steps[-self.keep_last:]) | {self.best()}
+    for old in steps:
+      if old not in keep:
+        self.manager.delete(old)
+
+  def restore(self, step: int, target=None):
+    """-> (state, meta). With `target` (an abstract or concrete state) the tree is typed."""
+    state_args = ocp.args.StandardRestore(target) if target is not None else \
+        ocp.args.StandardRestore()
+    restored = self.manager.restore(step, args=ocp.args.Composite(
+        state=state_args, meta=ocp.args.JsonRestore()))
+    return restored["state"], dict(restored["meta"])
+
+  def params(self, step: int):
+    state, _ = self.restore(step)
+    return state["params"] if isinstance(state, dict) else state.params
+
+  def averaged_params(self, last: int):
+    """The mean of the parameters of the last `last` checkpoints (fairseq's averaging)."""
+    steps = self.steps()[-last:]
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    total = None
+    for step in steps:
+      params = jax.tree_util.tree_map(np.asarray, self.params(step))
+      total = params if total is None else jax.tree_util.tree_map(np.add, total, params)
+    return jax.tree_util.tree_map(lambda x: x / len(steps), total), steps
+
+  def select_params(self, which: str, average_last: int = 10):
+    """'latest' | 'best' | 'average' -> (params, description)."""
+    if which == "average":
+      params, steps = self.averaged_params(average_last)
+      return params, f"average of steps {steps}"
+    step = self.best() if which == "best" else self.latest()
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    return self.params(step), f"{which} (step {step})"
+
+
+def save_config(workdir: str, config):
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "config.json")
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(config.to_json_best_effort(indent=1))
+  os.replace(path + ".tmp", path)
+
+
+def load_config(workdir: str):
+  import ml_collections  # pylint: disable=import-outside-toplevel
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} not found: evaluation reads the config saved by run.py "
+                            f"beside the checkpoints; pass the run's --workdir")
+  with open(path, encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))

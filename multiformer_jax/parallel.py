@@ -1,0 +1,85 @@
+"""All device-parallel plumbing in one place: `pmap` (the default) or `jit` with sharding.
+
+Both give the same data-parallel semantics: the parameters are replicated, each device gets
+an equal slice of the global batch, and step functions reduce sums over the whole global batch
+with `DataParallel.psum` (a `lax.psum` under pmap; under jit the arrays are global, so the sum
+is already complete). Across hosts (`jax.distributed.initialize`) each process feeds its own
+slice of every global batch; pmap's collectives and jit's global arrays span all processes.
+"""
+
+from __future__ import annotations
+
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+MODES = ("pmap", "jit")
+AXIS = "batch"
+
+
+class DataParallel:
+  def __init__(self, mode: str = "pmap"):
+    if mode not in MODES:
+      raise ValueError(f"train.parallel={mode!r}; valid: {MODES}")
+    self.mode = mode
+    self.local_devices = jax.local_devices()
+    self.num_local = len(self.local_devices)
+    if mode == "jit":
+      self.mesh = jax.make_mesh((jax.device_count(),), (AXIS,),
+                                axis_types=(AxisType.Auto,))
+      self.replicated = NamedSharding(self.mesh, PartitionSpec())
+      self.sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))
+
+  @property
+  def global_batch_multiple(self) -> int:
+    """The local batch must divide into this many equal device slices."""
+    return self.num_local
+
+  def psum(self, tree):
+    """Sum over the global batch inside a step function."""
+    if self.mode == "pmap":
+      return jax.lax.psum(tree, AXIS)
+    return tree
+
+  def device_index(self):
+    """A per-device integer inside a step (0 under jit, whose arrays are global)."""
+    return jax.lax.axis_index(AXIS) if self.mode == "pmap" else 0
+
+  def replicate(self, tree):
+    if self.mode == "pmap":
+      from flax import jax_utils  # pylint: disable=import-outside-toplevel
+      return jax_utils.replicate(tree, self.local_devices)
+    return jax.device_put(tree, self.replicated)
+
+  def unreplicate(self, tree):
+    """-> host numpy arrays of one replica."""
+    if self.mode == "pmap":
+      tree = jax.tree_util.tree_map(lambda x: x[0], tree)
+    return jax.device_get(tree)
+
+  def shard(self, batch: dict):
+    """This process's batch (numpy, leading dim = local batch) -> device arrays."""
+    if self.mode == "pmap":
+      return jax.tree_util.tree_map(
+          lambda x: x.reshape((self.num_local, x.shape[0] // self.num_local) + x.shape[1:]),
+          batch)
+    return jax.tree_util.tree_map(
+        lambda x: jax.make_array_from_process_local_data(self.sharded, np.asarray(x)), batch)
+
+  def compile(self, fn, static_argnums=(), donate_argnums=()):
+    """fn(state, batch, *static) -> compiled for this mode (state replicated, batch sharded)."""
+    if self.mode == "pmap":
+      return jax.pmap(fn, axis_name=AXIS, static_broadcasted_argnums=static_argnums,
+                      donate_argnums=donate_argnums)
+    return jax.jit(fn, static_argnums=static_argnums, donate_argnums=donate_argnums)
+
+  def scalar(self, x) -> float:
+    """A replicated scalar metric -> float (blocks until computed)."""
+    x = jax.device_get(x)
+    return float(np.asarray(x).reshape(-1)[0])
+
+
+def tree_sum_into(acc, tree):
+  return jax.tree_util.tree_map(jnp.add, acc, tree)

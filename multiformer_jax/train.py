@@ -1,0 +1,308 @@
+"""Two-stage training (ASR pre-training, then ST with the encoder carried over).
+
+One stage = fairseq's recipe in JAX: Adam, inverse-sqrt schedule with linear warmup from 0,
+clip-norm, gradient accumulation (`update_freq`, exact: gradient sums over all micro-batches
+divided by their total target tokens), label-smoothed cross-entropy, dev loss every
+`eval_every` updates with a checkpoint, the best by dev loss kept beside the last K.
+
+Rerunning the same command resumes: a finished stage (its DONE file) is skipped, an unfinished
+one continues from its latest checkpoint with the optimizer state, the RNG key and the
+data-iterator position, so the run continues with exactly the batch it would have seen next.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import input_pipeline as ip
+from multiformer_jax.metrics import label_smoothed_nll
+from multiformer_jax.model import S2TModel, init_params
+from multiformer_jax.model_config import ModelConfig
+from multiformer_jax.parallel import DataParallel
+from multiformer_jax.train_log import StageLogger
+
+DONE = "DONE.json"
+PAD_ID = 1
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jnp.ndarray          # updates applied (or skipped as non-finite)
+  micro_step: jnp.ndarray    # micro-batches seen: the dropout key is fold_in(rng, micro_step)
+  params: Any
+  opt_state: Any
+  grad_acc: Any              # gradient sums since the last update
+  acc_tokens: jnp.ndarray    # target tokens since the last update
+  rng: jnp.ndarray
+  nonfinite: jnp.ndarray     # consecutive skipped updates
+
+
+def inverse_sqrt_schedule(peak_lr: float, warmup: int):
+  """fairseq inverse_sqrt: lr = peak * u / warmup during warmup (from 0), then
+  peak * sqrt(warmup / u), u being the number of updates already applied."""
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    warm = peak_lr * count / max(warmup, 1)
+    decay = peak_lr * jnp.sqrt(max(warmup, 1) / jnp.maximum(count, 1.0))
+    return jnp.where(count < warmup, warm, decay)
+  return schedule
+
+
+def make_optimizer(train_cfg, stage_cfg):
+  schedule = inverse_sqrt_schedule(stage_cfg.lr, stage_cfg.warmup_updates)
+  tx = optax.chain(optax.clip_by_global_norm(train_cfg.clip_norm),
+                   optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
+                   optax.scale_by_learning_rate(schedule))
+  return tx, schedule
+
+
+def create_state(model: S2TModel, tx, key) -> TrainState:
+  init_key, rng = jax.random.split(key)
+  params = init_params(model, init_key)
+  return TrainState(step=jnp.array(0, jnp.int32), micro_step=jnp.array(0, jnp.int32),
+                    params=params, opt_state=tx.init(params),
+                    grad_acc=jax.tree_util.tree_map(jnp.zeros_like, params),
+                    acc_tokens=jnp.array(0.0, jnp.float32), rng=rng,
+                    nonfinite=jnp.array(0, jnp.int32))
+
+
+def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float):
+  """-> (train_step(state, batch, apply_update), eval_step(state, batch)), compiled."""
+
+  def loss_sums(params, batch, deterministic, key=None):
+    rngs = {"dropout": key} if key is not None else {}
+    logits = model.apply({"params": params}, batch["features"], batch["lengths"],
+                         batch["prev_tokens"], deterministic, rngs=rngs)
+    targets = jnp.where(batch["weights"][:, None] > 0, batch["targets"], PAD_ID)
+    loss, nll, tokens = label_smoothed_nll(logits, targets, label_smoothing)
+    return loss, {"nll": nll, "tokens": tokens}
+
+  def train_step(state: TrainState, batch, apply_update: bool):
+    key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
+                             dp.device_index())
+    (loss, aux), grads = jax.value_and_grad(loss_sums, has_aux=True)(
+        state.params, batch, False, key)
+    sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
+                    "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
+    grads = dp.psum(grads)
+    state = state.replace(micro_step=state.micro_step + 1,
+                          grad_acc=jax.tree_util.tree_map(jnp.add, state.grad_acc, grads),
+                          acc_tokens=state.acc_tokens + sums["tokens"])
+    if not apply_update:
+      return state, sums
+    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(state.acc_tokens, 1.0),
+                                   state.grad_acc)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new,
+                                                   old)
+    lr = schedule(state.step)
+    state = state.replace(
+        step=state.step + 1, params=keep(params, state.params),
+        opt_state=keep(opt_state, state.opt_state),
+        grad_acc=jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc),
+        acc_tokens=jnp.zeros_like(state.acc_tokens),
+        nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
+    return state, {**sums, "grad_norm": grad_norm, "lr": lr, "finite": finite}
+
+  def eval_step(state: TrainState, batch):
+    loss, aux = loss_sums(state.params, batch, True)
+    return dp.psum({"loss": loss, **aux})
+
+  return (dp.compile(train_step, static_argnums=(2,), donate_argnums=(0,)),
+          dp.compile(eval_step))
+
+
+def pipeline_config(config, task: str, split_kind: str = "train") -> ip.PipelineConfig:
+  d = config.data
+  return ip.PipelineConfig(
+      prepared_dir=d.prepared_dir, task=task,
+      max_frames=d.max_frames if split_kind != "test" else config.eval.batch_frames,
+      num_buckets=d.num_buckets, max_source_frames=d.max_source_frames,
+      max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
+      specaugment=d.specaugment and split_kind == "train", seed=d.seed)
+
+
+def model_config_for(config, vocab_size: int) -> ModelConfig:
+  return ModelConfig.from_dict({**config.model.to_dict(), "vocab_size": vocab_size})
+
+
+def carry_encoder(params, asr_params, log: logging.Logger):
+  """ST init: the encoder from the ASR checkpoint, the decoder fresh. Shapes must fit."""
+  flat_new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  flat_asr = flax.traverse_util.flatten_dict(dict(asr_params), sep="/")
+  restored, fresh, mismatched = [], [], []
+  for name, value in flat_new.items():
+    if name.startswith("encoder/") and name in flat_asr:
+      if tuple(np.shape(flat_asr[name])) != tuple(value.shape):
+        mismatched.append(f"{name}: ASR {tuple(np.shape(flat_asr[name]))} vs ST "
+                          f"{tuple(value.shape)}")
+      else:
+        flat_new[name] = jnp.asarray(flat_asr[name], value.dtype)
+        restored.append(name)
+    else:
+      fresh.append(name)
+  missing = [n for n in flat_new if n.startswith("encoder/") and n not in flat_asr]
+  if mismatched or missing:
+    raise ValueError("the ASR checkpoint's encoder does not fit the ST model config:\n  " +
+                     "\n  ".join(mismatched + [f"{n}: not in the ASR checkpoint"
+                                               for n in missing]) +
+                     "\nUse the same model.* encoder settings for both stages.")
+  skipped = sorted(n for n in flat_asr if not n.startswith("encoder/"))
+  log.info("ST init: restored %d encoder tensors from ASR, skipped %d ASR tensors (decoder: "
+           "different vocabulary), freshly initialised %d tensors", len(restored),
+           len(skipped), len(fresh))
+  for title, names in (("restored", restored), ("skipped", skipped), ("fresh", fresh)):
+    log.info("  %s: %s", title, ", ".join(sorted({n.split("/")[1] if n.count("/") > 1 else n
+                                                  for n in names})))
+  return flax.traverse_util.unflatten_dict(flat_new, sep="/")
+
+
+def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:
+  totals = {"loss": 0.0, "nll": 0.0, "tokens": 0.0}
+  for batch in ip.eval_batches(batcher):
+    sums = eval_step(state, dp.shard(batch))
+    for k in totals:
+      totals[k] += dp.scalar(sums[k])
+  tokens = max(totals["tokens"], 1.0)
+  return {"dev_loss": totals["loss"] / tokens, "dev_nll": totals["nll"] / tokens,
+          "dev_ppl": float(np.exp(min(totals["nll"] / tokens, 50.0)))}
+
+
+def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
+  """Trains one stage to its max_updates (resuming if interrupted); returns its summary."""
+  stage_dir = os.path.join(workdir, stage)
+  os.makedirs(stage_dir, exist_ok=True)
+  done_path = os.path.join(stage_dir, DONE)
+  logger = StageLogger(stage_dir, stage)
+  log = logger.log
+  if os.path.exists(done_path):
+    with open(done_path, encoding="utf-8") as f:
+      summary = json.load(f)
+    log.info("stage %s already finished (%s): skipped", stage, done_path)
+    return summary
+  scfg = config[stage]
+  train_data = ip.SplitData(pipeline_config(config, stage), config.data.train_split)
+  dev_data = ip.SplitData(pipeline_config(config, stage, "dev"), config.data.dev_split)
+  model = S2TModel(model_config_for(config, train_data.vocab.size))
+  train_batcher = ip.Batcher(train_data, True, dp.global_batch_multiple, jax.process_index(),
+                             jax.process_count())
+  dev_batcher = ip.Batcher(dev_data, False, dp.global_batch_multiple, jax.process_index(),
+                           jax.process_count(), tags=train_batcher.tags)
+  log.info("stage %s: %d train / %d dev utterances, vocabulary %d, batch shapes "
+           "(batch, frames, tokens) %s", stage, len(train_data), len(dev_data),
+           train_data.vocab.size, train_batcher.shapes)
+  tx, schedule = make_optimizer(config.train, scfg)
+  checkpoints = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints"),
+                                          scfg.keep_last)
+  seed_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), len(stage))
+  state = create_state(model, tx, seed_key)
+  iterator = ip.TrainIterator(train_batcher)
+  latest = checkpoints.latest()
+  if latest is not None:
+    state, meta = checkpoints.restore(latest, target=state)
+    iterator.restore(meta["iterator"])
+    log.info("resumed stage %s from step %d (%s), data position %s", stage, latest,
+             checkpoints.directory, meta["iterator"])
+  elif stage == "st" and "asr" in config.train.stages:
+    asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
+    asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
+    log.info("ST encoder from the ASR stage: %s", which)
+    state = state.replace(params=carry_encoder(state.params, asr_params, log))
+  log.info("%s: %d parameters", stage, sum(x.size for x in jax.tree_util.tree_leaves(
+      state.params)))
+
+  train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing)
+  step = int(state.step)
+  state = dp.replicate(state)
+  seen_shapes = set()
+  logger.start(step, scfg.max_updates)
+  while step < scfg.max_updates:
+    for micro in range(scfg.update_freq):
+      batch = next(iterator)
+      shape = batch["features"].shape[:2] + batch["targets"].shape[1:]
+      if shape not in seen_shapes:
+        seen_shapes.add(shape)
+        log.info("compiling the train step for batch shape %s (first use; later steps with "
+                 "this shape are fast)", shape)
+      state, metrics = train_step(state, dp.shard(batch), micro == scfg.update_freq - 1)
+      logger.accumulate(metrics)
+    step += 1
+    if step % config.train.log_every == 0 or step == scfg.max_updates:
+      nonfinite = logger.flush(step)
+      if nonfinite >= config.train.max_consecutive_nonfinite:
+        raise FloatingPointError(
+            f"{nonfinite} consecutive updates had a non-finite loss or gradient (skipped); "
+            f"try a lower {stage}.lr, a longer warmup, model.dtype=float32, or check the "
+            f"data for corrupt features")
+    if step % scfg.eval_every == 0 or step == scfg.max_updates:
+      dev = evaluate_loss(eval_step, state, dev_batcher, dp)
+      logger.scalars(step, dev)
+      meta = {"stage": stage, "step": step, "iterator": iterator.state(), **dev,
+              "model": model.config.to_dict()}
+      checkpoints.save(step, dp.unreplicate(state), meta)
+      log.info("step %d: dev loss %.4f, dev ppl %.2f; checkpoint saved", step,
+               dev["dev_loss"], dev["dev_ppl"])
+  logger.close()
+  best = checkpoints.best()
+  summary = {"stage": stage, "updates": step, "best_step": best,
+             "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
+             "wall_s": round(logger.elapsed(), 1)}
+  with open(done_path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=1)
+  os.replace(done_path + ".tmp", done_path)
+  return summary
+
+
+def ensure_prepared(config, log: logging.Logger):
+  """Prepares data.prepared_dir from data.root when needed (builds the embedded corpus first
+  if data.embedded); a no-op when it is already prepared."""
+  d = config.data
+  if os.path.exists(os.path.join(d.prepared_dir, "prepared.json")):
+    return
+  from data_prep import embedded_corpus, prepare  # pylint: disable=import-outside-toplevel
+  if not d.root:
+    raise FileNotFoundError(f"data.prepared_dir={d.prepared_dir!r} is not prepared and "
+                            f"data.root is empty: set --config.data.root to the corpus "
+                            f"download directory, or run python -m data_prep.prepare")
+  if d.embedded:
+    log.info("building the embedded corpus in %s", d.root)
+    spec = embedded_corpus.CorpusSpec(sources=tuple(d.embedded_sources.split(",")),
+                                      target=d.embedded_target, seed=d.seed)
+    embedded_corpus.build(d.root, spec)
+  log.info("preparing %s -> %s", d.root, d.prepared_dir)
+  prepare.prepare(d.corpus, d.root, d.pairs.split(","), d.prepared_dir,
+                  [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab)
+
+
+def train_and_evaluate(config, workdir: str) -> dict:
+  """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation."""
+  from multiformer_jax import evaluate  # pylint: disable=import-outside-toplevel
+  log = logging.getLogger("multiformer_jax")
+  ckpt_lib.save_config(workdir, config)
+  ensure_prepared(config, log)
+  dp = DataParallel(config.train.parallel)
+  log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
+           jax.local_devices()[0].platform, jax.process_count(), dp.mode)
+  results = {}
+  for stage in config.train.stages:
+    if stage not in ip.TASKS:
+      raise ValueError(f"train.stages contains {stage!r}; valid stages: {ip.TASKS}")
+    results[stage] = {"train": run_stage(config, stage, workdir, dp)}
+  if config.eval.after_training and jax.process_index() == 0:
+    for stage in config.train.stages:
+      results[stage]["eval"] = evaluate.evaluate_stage(config, workdir, stage,
+                                                       config.data.test_split)
+  return results

@@ -1,0 +1,114 @@
+"""Training logs: python logging, a JSONL file, TensorBoard scalars, a progress bar with ETA."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+
+def setup_logging(level=logging.INFO):
+  root = logging.getLogger("multiformer_jax")
+  root.propagate = False        # absl's handler would print every line twice
+  try:
+    from absl import logging as absl_logging  # pylint: disable=import-outside-toplevel
+    absl_logging.set_verbosity(absl_logging.WARNING)   # orbax / TFDS chatter
+  except ImportError:
+    pass
+  if not root.handlers:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
+    root.addHandler(handler)
+  root.setLevel(level)
+  return root
+
+
+class StageLogger:
+  """Accumulates step metrics on device, flushes them every `log_every` updates (the host
+  sync), and writes `{stage_dir}/log.jsonl` and TensorBoard events in `{stage_dir}/tb`."""
+
+  def __init__(self, stage_dir: str, stage: str):
+    self.log = setup_logging()
+    self.stage = stage
+    self.dir = stage_dir
+    self.jsonl = open(os.path.join(stage_dir, "log.jsonl"), "a", encoding="utf-8")
+    self.writer = None
+    try:
+      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+      self.writer = SummaryWriter(os.path.join(stage_dir, "tb"))
+    except ImportError:
+      self.log.warning("tensorboardX not installed: no TensorBoard scalars (JSONL only)")
+    self.pending = []
+    self.consecutive_nonfinite = 0
+    self.bar = None
+    self.t0 = self.t_flush = time.time()
+
+  def start(self, step: int, total: int):
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    self.bar = tqdm(total=total, initial=step, desc=self.stage, unit="upd", dynamic_ncols=True,
+                    file=sys.stderr)
+    self.t0 = self.t_flush = time.time()
+    self.log.info("%s: training from update %d to %d; the first step compiles (tens of "
+                  "seconds on CPU), that is not the steady speed", self.stage, step, total)
+
+  def accumulate(self, metrics):
+    self.pending.append(metrics)
+
+  def flush(self, step: int) -> int:
+    """Reads the pending metrics (blocks), logs them; returns consecutive non-finite skips."""
+    import jax  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    values = jax.device_get(self.pending)
+    self.pending = []
+    first = lambda x: float(np.asarray(x).reshape(-1)[0])
+    sums = {}
+    for m in values:
+      for k in ("loss", "nll", "tokens", "frames", "examples"):
+        sums[k] = sums.get(k, 0.0) + first(m[k])
+    last = next((m for m in reversed(values) if "grad_norm" in m), {})
+    now = time.time()
+    elapsed = now - self.t_flush
+    self.t_flush = now
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    record = {"stage": self.stage, "step": step, "loss": sums["loss"] / tokens,
+              "nll": sums["nll"] / tokens, "lr": first(last.get("lr", 0.0)),
+              "grad_norm": first(last.get("grad_norm", 0.0)),
+              "frames_per_s": sums["frames"] / max(elapsed, 1e-9),
+              "step_time_s": elapsed / max(len([m for m in values if "grad_norm" in m]), 1),
+              "skipped_updates": sum(1 for m in values if "finite" in m and
+                                     not bool(np.asarray(m["finite"]).reshape(-1)[0]))}
+    self.scalars(step, record)
+    if self.bar is not None:
+      self.bar.n = step
+      self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
+      self.bar.refresh()
+    for m in values:
+      if "finite" in m:
+        self.consecutive_nonfinite = 0 if bool(np.asarray(m["finite"]).reshape(-1)[0]) else \
+            self.consecutive_nonfinite + 1
+    if record["skipped_updates"]:
+      self.log.warning("%s step %d: %d update(s) skipped for a non-finite loss or gradient",
+                       self.stage, step, record["skipped_updates"])
+    return self.consecutive_nonfinite
+
+  def scalars(self, step: int, values: dict):
+    self.jsonl.write(json.dumps({"stage": self.stage, "step": step, **{
+        k: v for k, v in values.items() if isinstance(v, (int, float, str))}}) + "\n")
+    self.jsonl.flush()
+    if self.writer is not None:
+      for k, v in values.items():
+        if isinstance(v, (int, float)) and k != "step":
+          self.writer.add_scalar(f"{self.stage}/{k}", v, step)
+      self.writer.flush()
+
+  def elapsed(self) -> float:
+    return time.time() - self.t0
+
+  def close(self):
+    if self.bar is not None:
+      self.bar.close()
+    self.jsonl.close()
+    if self.writer is not None:
+      self.writer.close()

@@ -1,0 +1,31 @@
+"""Trains (and optionally evaluates) an experiment: the only entry point with flags.
+
+    python run.py --config=configs/s2t_v2.py --workdir=runs/v2
+    python run.py --config=configs/s2t_v2.py:runlocal --workdir=runs/v2_tiny \
+        --config.asr.max_updates=200 --config.data.prepared_dir=data/prepared/embedded_en_de
+
+Rerunning the same command resumes where the run stopped.
+"""
+
+import json
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "directory of checkpoints, logs, results")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv):
+  del argv
+  from multiformer_jax import train  # after flag parsing: imports JAX
+  from multiformer_jax.train_log import setup_logging
+  setup_logging()
+  results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  print(json.dumps(results, indent=1, ensure_ascii=False))
+
+
+if __name__ == "__main__":
+  app.run(main)
