@@ -6,109 +6,13 @@ import os
 
 import numpy as np
 import pytest
-import soundfile
 
 from data_prep import corpora, prepare
-from data_prep.audio import SAMPLE_RATE
 from data_prep.features import SpecAugment, fbank, utterance_cmvn
 from multiformer_jax import input_pipeline as ip
 from tests.kaldi_reference import kaldi_fbank
 
 RNG = np.random.default_rng(0)
-WORDS = "the cat sat on a mat and then it ran to see the dog in the sun".split()
-
-
-def _audio(seconds, rate=SAMPLE_RATE, channels=1):
-  t = np.arange(int(seconds * rate)) / rate
-  tone = 0.2 * np.sin(2 * np.pi * RNG.uniform(150, 400) * t) + 0.05 * RNG.normal(size=t.size)
-  return np.stack([tone] * channels, axis=1) if channels > 1 else tone
-
-
-def _sentence(n):
-  return " ".join(RNG.choice(WORDS, size=n))
-
-
-def write_split(root, split, talks):
-  """talks: {name: (kind, seconds, [(offset, duration, src, tgt)])} -> MuST-C files."""
-  base = os.path.join(root, "en-de", "data", split)
-  os.makedirs(os.path.join(base, "wav"))
-  os.makedirs(os.path.join(base, "txt"))
-  yaml_lines, sources, targets = [], [], []
-  for name, (kind, seconds, segments) in talks.items():
-    path = os.path.join(base, "wav", f"{name}.wav")
-    if kind == "corrupt":
-      with open(path, "wb") as f:
-        f.write(b"RIFF not really a wav file" * 20)
-    elif kind == "stereo":
-      soundfile.write(path, _audio(seconds, channels=2), SAMPLE_RATE)
-    elif kind == "8k":
-      soundfile.write(path, _audio(seconds, rate=8000), 8000)
-    elif kind == "nan":
-      audio = _audio(seconds)
-      audio[: SAMPLE_RATE // 2] = np.nan
-      soundfile.write(path, audio.astype(np.float32), SAMPLE_RATE, subtype="FLOAT")
-    elif kind == "truncated":
-      soundfile.write(path, _audio(seconds), SAMPLE_RATE, subtype="PCM_16")
-      with open(path, "rb") as f:
-        data = f.read()
-      with open(path, "wb") as f:
-        f.write(data[:len(data) // 2])
-    else:
-      soundfile.write(path, _audio(seconds), SAMPLE_RATE, subtype="PCM_16")
-    for offset, duration, src, tgt in segments:
-      yaml_lines.append(f"- {{duration: {duration}, offset: {offset}, speaker_id: spk_{name}, "
-                        f"wav: {name}.wav}}\n")
-      sources.append(src + "\n")
-      targets.append(tgt + "\n")
-  for ext, lines in (("yaml", yaml_lines), ("en", sources), ("de", targets)):
-    with open(os.path.join(base, "txt", f"{split}.{ext}"), "w", encoding="utf-8") as f:
-      f.writelines(lines)
-
-
-def _good_segments(count, start=0.3):
-  segs, t = [], start
-  for _ in range(count):
-    d = round(float(RNG.uniform(0.4, 1.6)), 2)
-    segs.append((round(t, 2), d, _sentence(int(RNG.integers(3, 8))),
-                 _sentence(int(RNG.integers(3, 8)))))
-    t += d + 0.2
-  return segs, t + 0.3
-
-
-def build_tiny_corpus(root):
-  talks = {}
-  for i in range(6):
-    segs, seconds = _good_segments(6)
-    talks[f"good{i}"] = ("wav", seconds, segs)
-  talks["bad"] = ("wav", 6.0, [
-      (0.5, 1.0, "a fine sentence here", "ein guter Satz hier"),
-      (2.0, 1.0, "   ", "leer"),                                   # empty text
-      (3.5, 0.03, "too short to use", "zu kurz"),                  # fewer than 5 frames
-      (5.5, 2.0, "past the end of file", "nach dem Ende"),         # segment past end
-  ])
-  talks["stereo"] = ("stereo", 3.0, [(0.5, 1.5, "two channels of sound", "zwei Kanaele")])
-  talks["lowrate"] = ("8k", 3.0, [(0.5, 1.5, "eight kilohertz audio", "acht Kilohertz")])
-  talks["corrupt"] = ("corrupt", 0, [(0.5, 1.0, "cannot be read at all", "nicht lesbar"),
-                                     (2.0, 1.0, "nor this one", "auch nicht")])
-  talks["nans"] = ("nan", 2.0, [(0.1, 1.0, "not a number inside", "keine Zahl")])
-  talks["trunc"] = ("truncated", 4.0, [(0.2, 1.0, "start is still there", "Anfang ist da"),
-                                       (3.0, 0.8, "end was cut off", "Ende fehlt")])
-  write_split(root, "train", talks)
-  dev = {}
-  for i in range(3):
-    segs, seconds = _good_segments(5)
-    dev[f"dev{i}"] = ("wav", seconds, segs)
-  write_split(root, "dev", dev)
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-  root = str(tmp_path_factory.mktemp("corpus"))
-  build_tiny_corpus(root)
-  out = str(tmp_path_factory.mktemp("prepared"))
-  prepare.prepare("mustc", root, ["en-de"], out, ["train", "dev"], asr_vocab=40, st_vocab=40,
-                  workers=1, progress=False)
-  return root, out
 
 
 def test_fbank_matches_numpy_kaldi_reference():

@@ -1,0 +1,169 @@
+"""Training: the two stages end to end, exact resumption, the loss, the schedule, pmap == jit."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from configs import default
+from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import train
+from multiformer_jax.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
+
+
+def tiny_config(prepared_dir, **stage):
+  config = default.get_config()
+  config.name = "tiny"
+  m = config.model
+  m.d_model, m.ffn_dim, m.conv_channels = 16, 32, 16
+  m.encoder_layers, m.decoder_layers, m.decoder_heads = 2, 1, 2
+  m.encoder_layout = "1x(2*local(5)+2*conv(3,2)) 1x(2*full+2*kernel(8))"
+  d = config.data
+  d.prepared_dir, d.test_split = prepared_dir, "dev"
+  d.max_frames, d.num_buckets = 3000, 1
+  for s in (config.asr, config.st):
+    s.lr, s.warmup_updates, s.max_updates, s.eval_every, s.keep_last = 3e-3, 3, 8, 4, 2
+    s.update(stage)
+  config.train.log_every = 2
+  config.st.encoder_init = "latest"
+  config.eval.beam, config.eval.max_len_b, config.eval.checkpoint = 2, 8, "latest"
+  return config
+
+
+def losses(stage_dir):
+  with open(os.path.join(stage_dir, "log.jsonl"), encoding="utf-8") as f:
+    return [r["loss"] for r in map(json.loads, f) if "loss" in r]
+
+
+def test_two_stage_run_end_to_end(prepared, tmp_path):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  config.st.eval_every = 1            # a checkpoint after ST update 1, whose lr is 0
+  config.st.keep_last = 10
+  config.eval.after_training = True
+  workdir = str(tmp_path)
+  results = train.train_and_evaluate(config, workdir)
+  for stage in ("asr", "st"):
+    curve = losses(os.path.join(workdir, stage))
+    assert curve[-1] < curve[0], (stage, curve)
+  assert set(results["asr"]["eval"]) >= {"wer", "edits", "words"}
+  assert "BLEU" in results["st"]["eval"]["detail"] and "signature" in results["st"]["eval"]
+  assert os.path.exists(os.path.join(workdir, "st", "eval_dev", "hyp.txt"))
+  # fairseq's schedule gives update 1 a learning rate of 0, so the ST checkpoint of step 1
+  # holds the initial ST parameters: its encoder is the ASR encoder, exactly.
+  asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
+  st = ckpt_lib.StageCheckpoints(os.path.join(workdir, "st", "checkpoints"))
+  asr_encoder = asr.params(asr.latest())["encoder"]
+  st_encoder = st.params(1)["encoder"]
+  jax.tree_util.tree_map(np.testing.assert_array_equal, asr_encoder, st_encoder)
+  # Rerunning the command skips the finished stages.
+  again = train.train_and_evaluate(tiny_config(prepared_dir), workdir)
+  assert again["st"]["train"] == results["st"]["train"]
+
+
+def test_interrupted_run_resumes_to_the_same_parameters(prepared, tmp_path):
+  _, prepared_dir = prepared
+  whole = tiny_config(prepared_dir, max_updates=6, eval_every=3)
+  whole.train.stages = ("asr",)
+  train.train_and_evaluate(whole, str(tmp_path / "whole"))
+  cut = tiny_config(prepared_dir, max_updates=3, eval_every=3)
+  cut.train.stages = ("asr",)
+  train.train_and_evaluate(cut, str(tmp_path / "cut"))
+  os.remove(tmp_path / "cut" / "asr" / train.DONE)     # as if killed after the checkpoint
+  train.train_and_evaluate(whole, str(tmp_path / "cut"))
+  a = ckpt_lib.StageCheckpoints(str(tmp_path / "whole" / "asr" / "checkpoints"))
+  b = ckpt_lib.StageCheckpoints(str(tmp_path / "cut" / "asr" / "checkpoints"))
+  state_a, meta_a = a.restore(6)
+  state_b, meta_b = b.restore(6)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, state_a, state_b)
+  assert meta_a["iterator"] == meta_b["iterator"]
+
+
+def test_label_smoothing_matches_the_formula():
+  rng = np.random.default_rng(0)
+  logits = rng.normal(size=(2, 3, 7)).astype(np.float32)
+  targets = np.array([[4, 5, 1], [2, 1, 1]])
+  eps = 0.1
+  loss, nll, tokens = label_smoothed_nll(logits, targets, eps, pad_id=1)
+  logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  expected_loss = expected_nll = 0.0
+  for b, u in [(0, 0), (0, 1), (1, 0)]:
+    t = targets[b, u]
+    eps_i = eps / (7 - 1)
+    expected_nll += -logp[b, u, t]
+    expected_loss += (1 - eps - eps_i) * -logp[b, u, t] + eps_i * -logp[b, u].sum()
+  np.testing.assert_allclose([loss, nll, tokens], [expected_loss, expected_nll, 3], rtol=1e-5)
+
+
+def test_inverse_sqrt_schedule():
+  schedule = train.inverse_sqrt_schedule(2e-3, 100)
+  np.testing.assert_allclose([schedule(0), schedule(50), schedule(100), schedule(400)],
+                             [0.0, 1e-3, 2e-3, 1e-3], rtol=1e-6)
+
+
+def test_wer_normalisation():
+  assert normalize_for_wer("Hello, World! -- It's  fine.") == ["hello", "world", "it's", "fine"]
+  result = corpus_wer(["hello world", "a b c", ""], ["Hello, world!", "a x c d", "two words"])
+  assert (result["edits"], result["words"]) == (0 + 2 + 2, 2 + 4 + 2)
+  assert result["wer"] == 50.0
+
+
+def test_evaluating_without_a_saved_config_says_what_to_do(tmp_path):
+  with pytest.raises(FileNotFoundError, match="config.json not found.*--workdir"):
+    ckpt_lib.load_config(str(tmp_path))
+
+
+PMAP_VS_JIT = textwrap.dedent("""
+    import os, sys
+    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    sys.path.insert(0, os.getcwd())
+    import jax, jax.numpy as jnp, numpy as np
+    from configs import default
+    from multiformer_jax import build_model, train
+    from multiformer_jax.parallel import DataParallel
+    config = default.get_config()
+    m = config.model
+    m.vocab_size, m.input_dim, m.d_model, m.ffn_dim, m.conv_channels = 11, 8, 16, 24, 8
+    m.encoder_layers, m.decoder_layers, m.decoder_heads = 1, 1, 2
+    m.encoder_layout = "1x(1*full+1*local(3)+1*conv(3,2)+1*kernel(8))"
+    m.dropout = m.attention_dropout = m.activation_dropout = 0.0
+    model = build_model(config)
+    config.asr.warmup_updates = 1          # the 2nd update has the peak learning rate
+    tx, schedule = train.make_optimizer(config.train, config.asr)
+    rng = np.random.default_rng(0)
+    batch = {"features": rng.normal(size=(4, 20, 8)).astype(np.float32),
+             "lengths": np.array([20, 13, 17, 6], np.int32),
+             "prev_tokens": rng.integers(3, 11, size=(4, 5)).astype(np.int32),
+             "targets": rng.integers(3, 11, size=(4, 5)).astype(np.int32),
+             "weights": np.array([1, 1, 1, 0], np.float32)}
+    results = {}
+    for mode in ("pmap", "jit"):
+      dp = DataParallel(mode)
+      state = train.create_state(model, tx, jax.random.PRNGKey(0))
+      initial = jax.device_get(state.params)                       # the step donates state
+      step, _ = train.make_steps(model, tx, schedule, dp, 0.1)
+      new = dp.replicate(state)
+      for _ in range(2):
+        new, metrics = step(new, dp.shard(batch), True)
+      results[mode] = dp.unreplicate(new.params)
+      print(mode, dp.scalar(metrics["loss"]), flush=True)
+    diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b: float(np.abs(a - b).max()), results["pmap"], results["jit"]))
+    moved = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b: float(np.abs(a - b).max()), results["pmap"], initial))
+    print("devices", jax.device_count(), "max diff", max(diffs), "moved", max(moved))
+    assert jax.device_count() == 2 and max(diffs) < 1e-6 and max(moved) > 1e-5
+""")
+
+
+def test_pmap_and_jit_give_the_same_update_on_two_devices():
+  result = subprocess.run([sys.executable, "-c", PMAP_VS_JIT], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          timeout=600, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+  assert "devices 2" in result.stdout
