@@ -20,11 +20,23 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv):
   del argv
+  import os  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
   from multiformer_jax import train  # after flag parsing: imports JAX
   from multiformer_jax.train_log import setup_logging
   setup_logging()
+  cache = _CONFIG.value.train.compilation_cache
+  if cache:   # reruns and resumed runs load compiled steps instead of compiling them again
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
   results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   print(json.dumps(results, indent=1, ensure_ascii=False))
+  if any("eval" in r for r in results.values()):
+    from multiformer_jax import ablate  # pylint: disable=import-outside-toplevel
+    row = ablate.collect_row(_WORKDIR.value, _CONFIG.value.name)
+    md_path, _ = ablate.write_table([row], _WORKDIR.value)
+    with open(md_path, encoding="utf-8") as f:
+      print(f.read())
 
 
 if __name__ == "__main__":

@@ -80,7 +80,8 @@ def get_config(arg=None):
   t.adam_eps = 1e-8
   t.clip_norm = 10.0
   t.label_smoothing = 0.1
-  t.max_consecutive_nonfinite = 10
+  t.max_consecutive_nonfinite = 10   # stop after this many skipped (non-finite) updates
+  t.compilation_cache = "~/.cache/multiformer_jax/jax"   # persistent XLA cache; "" = off
 
   # --- the two stages ----------------------------------------------------------------------
   config.asr = stage_config(lr=1e-3)
@@ -98,6 +99,7 @@ def get_config(arg=None):
   e.max_len_a = 0.0            # max target tokens = a * source frames + b
   e.max_len_b = 200
   e.batch_frames = 20000       # padded source frames per evaluation batch
+  e.num_buckets = 4            # batch shapes when decoding (each compiles the beam search)
   e.after_training = False     # run.py evaluates every stage on data.test_split at the end
   return apply_arg(config, arg)
 
@@ -173,3 +175,15 @@ def multiformer(name, layout, reported_bleu, reported_wer=-1.0, arg=None, **mode
   config.reported.wer = reported_wer
   config.reported.source = "Sant 2022 (Multiformer thesis), MuST-C En-De tst-COMMON"
   return apply_arg(config, arg)
+
+
+def locality(pair: str, windows, reported_bleu: float, arg=None):
+  """The efficient model of Alastruey et al. 2022: full attention in encoder layers 1-3,
+  local attention with the per-layer windows of Algorithm 1 in layers 4-12."""
+  config = get_config()
+  config.name = f"locality_{pair.replace('-', '_')}"
+  config.model.encoder_layout = "3x(4*full) " + " ".join(f"1x(4*local({w}))" for w in windows)
+  config.reported.bleu = reported_bleu
+  config.reported.source = f"Alastruey et al. 2022, MuST-C {pair} tst-COMMON (mean of 5 seeds)"
+  return apply_arg(config, arg)
+

@@ -16,9 +16,4 @@ WINDOWS = (5, 5, 9, 13, 11, 15, 19, 17, 21)  # encoder layers 4..12
 
 
 def get_config(arg=None):
-  config = default.get_config()
-  config.name = "locality_en_de"
-  config.model.encoder_layout = "3x(4*full) " + " ".join(f"1x(4*local({w}))" for w in WINDOWS)
-  config.reported.bleu = 22.49
-  config.reported.source = "Alastruey et al. 2022, MuST-C En-De tst-COMMON"
-  return default.apply_arg(config, arg)
+  return default.locality("en-de", WINDOWS, reported_bleu=22.49, arg=arg)

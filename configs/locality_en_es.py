@@ -16,9 +16,4 @@ WINDOWS = (5, 7, 19, 15, 13, 17, 19, 19, 25)  # encoder layers 4..12
 
 
 def get_config(arg=None):
-  config = default.get_config()
-  config.name = "locality_en_es"
-  config.model.encoder_layout = "3x(4*full) " + " ".join(f"1x(4*local({w}))" for w in WINDOWS)
-  config.reported.bleu = 27.46
-  config.reported.source = "Alastruey et al. 2022, MuST-C En-Es tst-COMMON"
-  return default.apply_arg(config, arg)
+  return default.locality("en-es", WINDOWS, reported_bleu=27.46, arg=arg)

@@ -55,13 +55,11 @@ class PipelineConfig:
       raise ValueError(f"data.cmvn={self.cmvn!r}; valid: {CMVN_MODES}")
 
 
-def bucket_boundaries(max_len: int, num_buckets: int, multiple: int = 16) -> np.ndarray:
-  """Geometrically spaced lengths up to `max_len`, rounded up to `multiple`."""
-  low = min(max_len, 64)
-  edges = np.geomspace(low, max_len, num_buckets) if num_buckets > 1 else np.array([max_len])
-  edges = np.unique(np.ceil(edges / multiple).astype(int) * multiple)
-  edges[-1] = max(edges[-1], int(math.ceil(max_len / multiple) * multiple))
-  return edges
+def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
+  """Bucket lengths at the quantiles of the split's lengths (so each bucket holds about as
+  many utterances and padding stays small), rounded up to `multiple`; the last is the max."""
+  qs = np.quantile(np.asarray(lengths), np.linspace(0, 1, num_buckets + 1)[1:])
+  return np.unique(np.ceil(np.maximum(qs, 1) / multiple).astype(int) * multiple)
 
 
 class SplitData:
@@ -127,10 +125,12 @@ class Batcher:
     if train and longest > cfg.max_source_frames:
       raise ValueError(f"{data.split} has utterances of {longest} frames, longer than "
                        f"data.max_source_frames={cfg.max_source_frames}")
-    self.edges = bucket_boundaries(longest, cfg.num_buckets)
-    if self.edges[0] * multiple > cfg.max_frames:
+    self.edges = bucket_boundaries(data.n_frames, cfg.num_buckets)
+    if self.edges[-1] * multiple > cfg.max_frames:
       raise ValueError(f"data.max_frames={cfg.max_frames} cannot hold {multiple} utterances "
-                       f"of {self.edges[0]} frames (one per device); raise max_frames")
+                       f"of {self.edges[-1]} frames (one per device, the longest bucket of "
+                       f"{data.split}); raise data.max_frames to at least "
+                       f"{self.edges[-1] * multiple}")
     self.bucket_of = np.searchsorted(self.edges, data.n_frames)          # [N]
     token_lens = np.array([len(t) + 1 for t in data.tokens])             # + EOS
     self.buckets = []

@@ -130,7 +130,8 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
   return ip.PipelineConfig(
       prepared_dir=d.prepared_dir, task=task,
       max_frames=d.max_frames if split_kind != "test" else config.eval.batch_frames,
-      num_buckets=d.num_buckets, max_source_frames=d.max_source_frames,
+      num_buckets=d.num_buckets if split_kind != "test" else config.eval.num_buckets,
+      max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
       specaugment=d.specaugment and split_kind == "train", seed=d.seed)
 

@@ -1,0 +1,107 @@
+"""Config-driven ablations: run config variants through both stages and evaluation, then
+write a results table like the thesis's Table 2 (markdown + CSV).
+
+    python -m multiformer_jax.ablate --workdir runs/ablation \
+        --configs configs/multiformer_full.py,configs/multiformer_h_lc.py,configs/s2t_v2.py \
+        --arg runlocal --set data.prepared_dir=data/prepared/embedded_en_de,asr.max_updates=300
+
+Each config runs as `python run.py --config=FILE:ARG --workdir=WORKDIR/NAME` (so a rerun
+resumes, and one failing config does not stop the others); `--table-only` just collects the
+evaluation JSONs already in the workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+
+COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "reported_bleu", "reported_wer",
+           "train_wall_s", "status")
+
+
+def run_name(config_path: str) -> str:
+  return os.path.splitext(os.path.basename(config_path))[0]
+
+
+def collect_row(workdir: str, name: str, status: str = "") -> dict:
+  """One table row from a run's saved config and evaluation results."""
+  row = {c: "" for c in COLUMNS}
+  row["config"], row["status"] = name, status
+  config_path = os.path.join(workdir, "config.json")
+  if os.path.exists(config_path):
+    with open(config_path, encoding="utf-8") as f:
+      config = json.load(f)
+    row["encoder_layout"] = config["model"]["encoder_layout"]
+    row["reported_bleu"] = config.get("reported", {}).get("bleu", "")
+    row["reported_wer"] = config.get("reported", {}).get("wer", "")
+  wall = 0.0
+  for stage, key, column in (("asr", "wer", "asr_wer"), ("st", "bleu", "st_bleu")):
+    stage_dir = os.path.join(workdir, stage)
+    for entry in sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []:
+      results = os.path.join(stage_dir, entry, "results.json")
+      if entry.startswith("eval_") and os.path.exists(results):
+        with open(results, encoding="utf-8") as f:
+          row[column] = json.load(f)[key]
+    done = os.path.join(stage_dir, "DONE.json")
+    if os.path.exists(done):
+      with open(done, encoding="utf-8") as f:
+        wall += json.load(f).get("wall_s", 0.0)
+  row["train_wall_s"] = round(wall, 1) if wall else ""
+  if not row["status"]:
+    row["status"] = "done" if row["st_bleu"] != "" or row["asr_wer"] != "" else "incomplete"
+  return row
+
+
+def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
+  os.makedirs(out_dir, exist_ok=True)
+  csv_path = os.path.join(out_dir, "results.csv")
+  with open(csv_path, "w", newline="", encoding="utf-8") as f:
+    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+  md_path = os.path.join(out_dir, "results.md")
+  header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | paper BLEU | paper WER | "
+            "train s | status |")
+  lines = [header, "|" + "---|" * len(COLUMNS)]
+  for r in rows:
+    lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|") if c != "encoder_layout"
+                                   else f"`{r[c]}`" for c in COLUMNS) + " |")
+  with open(md_path, "w", encoding="utf-8") as f:
+    f.write("\n".join(lines) + "\n")
+  return md_path, csv_path
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--configs", required=True, help="comma-separated config files")
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--arg", default="", help="variant passed to every config (file.py:ARG)")
+  parser.add_argument("--set", default="", help="comma-separated key=value for every config")
+  parser.add_argument("--table-only", action="store_true")
+  args = parser.parse_args(argv)
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  rows = []
+  for path in [p for p in args.configs.split(",") if p]:
+    name = run_name(path)
+    workdir = os.path.join(args.workdir, name)
+    status = ""
+    if not args.table_only:
+      variant = ",".join(x for x in (args.arg, args.set, "eval.after_training=true") if x)
+      cmd = [sys.executable, os.path.join(repo, "run.py"), f"--config={path}:{variant}",
+             f"--workdir={workdir}"]
+      print("running:", " ".join(cmd), flush=True)
+      result = subprocess.run(cmd, check=False)
+      status = "done" if result.returncode == 0 else f"failed (exit {result.returncode})"
+    rows.append(collect_row(workdir, name, status))
+  md_path, csv_path = write_table(rows, args.workdir)
+  with open(md_path, encoding="utf-8") as f:
+    print(f.read())
+  print(f"wrote {md_path} and {csv_path}")
+
+
+if __name__ == "__main__":
+  main()
