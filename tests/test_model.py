@@ -167,3 +167,18 @@ def test_dropout_is_active_only_in_training():
                                deterministic=det, rngs={"dropout": jax.random.PRNGKey(key)})
   np.testing.assert_array_equal(run(True, 0), run(True, 1))
   assert not np.allclose(run(False, 0), run(False, 1))
+
+
+def test_bfloat16_compute_keeps_float32_parameters():
+  from multiformer_jax.metrics import label_smoothed_nll
+  feats = jnp.asarray(RNG.normal(size=(2, 40, 12)), jnp.float32)
+  prev, targets = jnp.array([[2, 5, 6, 7], [2, 8, 9, 1]]), jnp.array([[5, 6, 7, 2], [8, 9, 2, 1]])
+  losses = {}
+  for dtype in ("float32", "bfloat16"):
+    model, params = tiny_model(dtype=dtype)
+    loss = lambda p: label_smoothed_nll(model.apply({"params": p}, feats, jnp.array([40, 30]),
+                                                    prev), targets, 0.1)[0]
+    losses[dtype], grads = jax.jit(jax.value_and_grad(loss))(params)
+    assert {x.dtype for x in jax.tree_util.tree_leaves(params)} == {jnp.dtype("float32")}
+    assert all(np.isfinite(g).all() for g in jax.tree_util.tree_leaves(grads))
+  np.testing.assert_allclose(losses["bfloat16"], losses["float32"], rtol=0.02)

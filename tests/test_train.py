@@ -61,6 +61,16 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   asr_encoder = asr.params(asr.latest())["encoder"]
   st_encoder = st.params(1)["encoder"]
   jax.tree_util.tree_map(np.testing.assert_array_equal, asr_encoder, st_encoder)
+  # The results table of run.py / ablate.
+  from multiformer_jax import ablate
+  row = ablate.collect_row(workdir, "tiny")
+  assert row["asr_wer"] == results["asr"]["eval"]["wer"]
+  assert row["st_bleu"] == results["st"]["eval"]["bleu"] and row["status"] == "done"
+  md_path, csv_path = ablate.write_table([row], workdir)
+  with open(md_path, encoding="utf-8") as f:
+    assert f"`{config.model.encoder_layout}`" in f.read()
+  with open(csv_path, encoding="utf-8") as f:
+    assert f.read().startswith(",".join(ablate.COLUMNS))
   # Rerunning the command skips the finished stages.
   again = train.train_and_evaluate(tiny_config(prepared_dir), workdir)
   assert again["st"]["train"] == results["st"]["train"]
