@@ -11,7 +11,6 @@ from __future__ import annotations
 
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
@@ -79,7 +78,3 @@ class DataParallel:
     """A replicated scalar metric -> float (blocks until computed)."""
     x = jax.device_get(x)
     return float(np.asarray(x).reshape(-1)[0])
-
-
-def tree_sum_into(acc, tree):
-  return jax.tree_util.tree_map(jnp.add, acc, tree)
