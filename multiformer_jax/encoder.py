@@ -3,7 +3,6 @@
 import math
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.masks import lengths_to_mask

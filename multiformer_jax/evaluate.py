@@ -53,15 +53,15 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   return jax.jit(translate)
 
 
-def decode_split(model, params, batcher: ip.Batcher, translate, progress: bool = True):
+def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True):
   """-> hypotheses (detokenised) in corpus order."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   data = batcher.data
   hypotheses = [None] * len(data)
-  plan = batcher.epoch_plan(0)
-  for bucket, indices in tqdm(plan, desc=f"decoding {data.split}", unit="batch",
-                              disable=not progress, file=sys.stderr):
-    batch = batcher.assemble(bucket, indices, 0)
+  batches = tqdm(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
+                 desc=f"decoding {data.split}", unit="batch", disable=not progress,
+                 file=sys.stderr)
+  for batch in batches:
     tokens = np.asarray(translate(params, jnp.asarray(batch["features"]),
                                   jnp.asarray(batch["lengths"])))
     for row, i in enumerate(batch["index"]):
@@ -89,7 +89,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
            which, beam)
   translate = make_translate(model, beam, length_penalty, e.max_len_a, e.max_len_b)
   start = time.time()
-  hypotheses = decode_split(model, params, batcher, translate, progress)
+  hypotheses = decode_split(params, batcher, translate, progress)
   references = data.references
   score = corpus_bleu(hypotheses, references) if stage == "st" else \
       corpus_wer(hypotheses, references)
