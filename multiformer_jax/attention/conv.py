@@ -11,7 +11,7 @@ never depends on its padding. `conv(1,1)` with an identity kernel is exactly `fu
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax.attention.full import softmax_attention
+from multiformer_jax.attention.full import attention_weights, softmax_attention
 from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
 from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
 
@@ -49,20 +49,32 @@ class ConvAttention(nn.Module):
   conv_type: str = "depthwise"
   attention_dropout: float = 0.0
 
-  @nn.compact
+  def setup(self):
+    self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type)
+    self.conv_v = TimeCompression(self.kernel, self.stride, self.conv_type)
+    self.dropout = nn.Dropout(self.attention_dropout)
+
+  def compress(self, compression: TimeCompression, x, key_mask):
+    """[batch, time, heads, head_dim] -> [batch, compressed, heads, head_dim]."""
+    batch, length, heads, head_dim = x.shape
+    x = x * key_mask[:, :, None, None].astype(x.dtype)
+    x = jnp.swapaxes(x, 1, 2).reshape(batch * heads, length, head_dim)
+    x = compression(x).reshape(batch, heads, -1, head_dim)
+    return jnp.swapaxes(x, 1, 2)
+
+  def compressed_mask(self, key_mask, compressed_len: int):
+    return compressed_key_mask(key_mask, self.kernel, self.stride, compressed_len)
+
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
-    batch, length, heads, head_dim = k.shape
-
-    def compress(x, name):
-      x = x * key_mask[:, :, None, None].astype(x.dtype)
-      x = jnp.swapaxes(x, 1, 2).reshape(batch * heads, length, head_dim)
-      x = TimeCompression(self.kernel, self.stride, self.conv_type, name=name)(x)
-      x = x.reshape(batch, heads, -1, head_dim)
-      return jnp.swapaxes(x, 1, 2)                     # [batch, compressed, heads, head_dim]
-
-    k_c = compress(k, "conv_k")
-    v_c = compress(v, "conv_v")
-    mask_c = compressed_key_mask(key_mask, self.kernel, self.stride, k_c.shape[1])
-    out, _ = softmax_attention(q, k_c, v_c, mask_c[:, None, None, :],
-                               nn.Dropout(self.attention_dropout), deterministic)
+    k_c = self.compress(self.conv_k, k, key_mask)
+    v_c = self.compress(self.conv_v, v, key_mask)
+    mask_c = self.compressed_mask(key_mask, k_c.shape[1])
+    out, _ = softmax_attention(q, k_c, v_c, mask_c[:, None, None, :], self.dropout,
+                               deterministic)
     return out
+
+  def token_weights(self, q, k, key_mask):
+    """[batch, heads, q_len, compressed_len]: weights over the *compressed* values; the
+    analyses map them back to frames through the value conv's taps."""
+    k_c = self.compress(self.conv_k, k, key_mask)
+    return attention_weights(q, k_c, self.compressed_mask(key_mask, k_c.shape[1])[:, None, None])

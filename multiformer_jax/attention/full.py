@@ -6,6 +6,14 @@ import jax.numpy as jnp
 from multiformer_jax.attention.masks import masked_softmax
 
 
+def attention_weights(q, k, mask):
+  """Softmax weights [batch, heads, q_len, k_len] (float32) of scaled dot-product attention."""
+  scale = q.shape[-1] ** -0.5
+  logits = jnp.einsum("bqhd,bkhd->bhqk", q * scale, k,
+                      preferred_element_type=jnp.float32)  # [batch, heads, q_len, k_len]
+  return masked_softmax(logits, mask)
+
+
 def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
   """Scaled dot-product attention.
 
@@ -14,10 +22,7 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
   dropout: an nn.Dropout applied to the attention weights (fairseq's attention dropout).
   Returns ([batch, q_len, heads, head_dim], weights [batch, heads, q_len, k_len]).
   """
-  scale = q.shape[-1] ** -0.5
-  logits = jnp.einsum("bqhd,bkhd->bhqk", q * scale, k,
-                      preferred_element_type=jnp.float32)  # [batch, heads, q_len, k_len]
-  weights = masked_softmax(logits, mask)
+  weights = attention_weights(q, k, mask)
   if dropout is not None:
     weights = dropout(weights, deterministic=deterministic)
   out = jnp.einsum("bhqk,bkhd->bqhd", weights.astype(v.dtype), v)
@@ -33,3 +38,7 @@ class FullAttention(nn.Module):
     mask = key_mask[:, None, None, :]  # [batch, 1, 1, k_len]
     out, _ = softmax_attention(q, k, v, mask, nn.Dropout(self.attention_dropout), deterministic)
     return out
+
+  def token_weights(self, q, k, key_mask):
+    """[batch, heads, q_len, k_len]: the weight of each value in each output (no dropout)."""
+    return attention_weights(q, k, key_mask[:, None, None, :])

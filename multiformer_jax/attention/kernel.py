@@ -66,21 +66,32 @@ def favor_attention(q, k, v, key_mask, projection):
   return out.astype(v.dtype)
 
 
+def favor_weights(q, k, key_mask, projection):
+  """[batch, heads, q_len, k_len]: the weights FAVOR+ gives each value (rows sum to 1), dense,
+  O(n^2): for the analyses (favor_attention never forms them)."""
+  phi_q = positive_features(q, projection)
+  phi_k = positive_features(k, projection, key_mask)
+  scores = jnp.einsum("bqhm,bkhm->bhqk", phi_q, phi_k)
+  return scores / jnp.maximum(jnp.sum(scores, axis=-1, keepdims=True), 1e-30)
+
+
 class KernelAttention(nn.Module):
   features: int = 256
   redraw: str = "fixed"   # one of REDRAW_POLICIES
   seed: int = 0
 
-  @nn.compact
-  def __call__(self, q, k, v, key_mask, deterministic: bool = True):
+  def projection(self, head_dim: int, deterministic: bool):
     if self.redraw not in REDRAW_POLICIES:
       raise ValueError(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
     if self.redraw == "step" and not deterministic:
-      projection = orthogonal_gaussian_features(self.make_rng("dropout"), self.features,
-                                                q.shape[-1])
-    else:
-      # A constant of the compiled program: drawn once at trace time, not at every step.
-      with jax.ensure_compile_time_eval():
-        projection = orthogonal_gaussian_features(jax.random.PRNGKey(self.seed), self.features,
-                                                  q.shape[-1])
-    return favor_attention(q, k, v, key_mask, projection)
+      return orthogonal_gaussian_features(self.make_rng("dropout"), self.features, head_dim)
+    # A constant of the compiled program: drawn once at trace time, not at every step.
+    with jax.ensure_compile_time_eval():
+      return orthogonal_gaussian_features(jax.random.PRNGKey(self.seed), self.features, head_dim)
+
+  def __call__(self, q, k, v, key_mask, deterministic: bool = True):
+    return favor_attention(q, k, v, key_mask, self.projection(q.shape[-1], deterministic))
+
+  def token_weights(self, q, k, key_mask):
+    """[batch, heads, q_len, k_len] with the evaluation-time (fixed) features."""
+    return favor_weights(q, k, key_mask, self.projection(q.shape[-1], True))

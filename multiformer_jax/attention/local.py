@@ -12,6 +12,7 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
+from multiformer_jax.attention.full import attention_weights
 from multiformer_jax.attention.masks import masked_softmax
 
 MIN_BLOCK = 16
@@ -103,3 +104,14 @@ class LocalAttention(nn.Module):
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     return local_attention(q, k, v, key_mask, self.window, self.dilation, self.block_size,
                            nn.Dropout(self.attention_dropout), deterministic)
+
+  def token_weights(self, q, k, key_mask):
+    """[batch, heads, q_len, k_len], dense (O(n^2): for the analyses, not for training)."""
+    return attention_weights(q, k, band_mask(q.shape[1], self.window, self.dilation)[None, None]
+                             & key_mask[:, None, None, :])
+
+
+def band_mask(length: int, window: int, dilation: int = 1):
+  """[length, length] bool: key j is in query i's window (j = i + d*m, |m| <= w//2)."""
+  offset = jnp.arange(length)[None, :] - jnp.arange(length)[:, None]
+  return (jnp.abs(offset) <= dilation * (window // 2)) & (offset % dilation == 0)

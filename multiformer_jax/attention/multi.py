@@ -84,6 +84,19 @@ class MultiHeadMultiAttention(nn.Module):
       start += group.num_heads
     return jnp.concatenate(outputs, axis=2)
 
+  def token_weights(self, x, mask):
+    """Per head group, the dense weights [batch, group_heads, time, keys] each output gives each
+    value (keys = time, or the compressed length for conv heads). For the analyses: O(n^2)."""
+    batch, length, _ = x.shape
+    split = lambda t: t.reshape(batch, length, self.num_heads, self.head_dim)
+    q, k = split(self.q_proj(x)), split(self.k_proj(x))
+    weights, start = [], 0
+    for group, module in zip(self.layer_layout, self.groups):
+      heads = slice(start, start + group.num_heads)
+      weights.append(module.token_weights(q[:, :, heads], k[:, :, heads], mask))
+      start += group.num_heads
+    return weights
+
   def __call__(self, x, mask, deterministic: bool = True):
     z = self.heads_output(x, mask, deterministic)
     return self.out_proj(z.reshape(x.shape[0], x.shape[1], self.d_model))

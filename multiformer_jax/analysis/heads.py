@@ -1,0 +1,77 @@
+"""Per-head analysis of the encoder self-attention (Multiformer thesis §4.3, figures 21-22).
+
+Head h of a layer owns channels [h*hd, (h+1)*hd) of q/k/v (config order = channel order), so
+it owns those *rows* of W_o (flax kernels are [in, out]) and those *columns* of W_v. A head
+whose W_o rows sit near zero contributes little to the layer output; the thesis read its
+redesigns off these distributions. The output-norm share measures the same thing on data:
+‖z_{t,h} W_o^(h)‖₁ normalised over the heads of the position, median over positions, then
+median over utterances.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from multiformer_jax import layout as layout_lib
+
+
+def stack_layers(rows) -> np.ndarray:
+  """[layers, max heads]; layers with fewer heads are padded with NaN (blank in the plots)."""
+  width = max(len(r) for r in rows)
+  return np.stack([np.pad(np.asarray(r, np.float64), (0, width - len(r)),
+                          constant_values=np.nan) for r in rows])
+
+
+def head_labels(layer_layout: layout_lib.LayerLayout) -> list[str]:
+  """One label per head of a layer, e.g. ['local(65)', 'conv(5,2)', 'conv(5,2)', ...]."""
+  return [str(group.kind) for group in layer_layout for _ in range(group.num_heads)]
+
+
+def encoder_attention_params(params, layer: int):
+  return params["encoder"][f"layers_{layer}"]["self_attn"]
+
+
+def head_weight_blocks(params, layer: int, num_heads: int) -> dict[str, np.ndarray]:
+  """{'W_o': [H, hd, d] rows of W_o per head, 'W_v': [H, d, hd] columns of W_v per head}."""
+  attn = encoder_attention_params(params, layer)
+  w_o = np.asarray(attn["out_proj"]["kernel"], np.float32)      # [H*hd, d]
+  w_v = np.asarray(attn["v_proj"]["kernel"], np.float32)        # [d, H*hd]
+  d_model = w_o.shape[1]
+  head_dim = w_o.shape[0] // num_heads
+  return {"W_o": w_o.reshape(num_heads, head_dim, d_model),
+          "W_v": np.moveaxis(w_v.reshape(d_model, num_heads, head_dim), 1, 0)}
+
+
+def weight_norm_shares(params, layout: layout_lib.Layout) -> dict[str, np.ndarray]:
+  """{'W_o' | 'W_v': [layers, H]} each head's Frobenius norm over the layer's total (a
+  data-free companion of the output-norm share)."""
+  shares = {"W_o": [], "W_v": []}
+  for layer, layer_layout in enumerate(layout):
+    blocks = head_weight_blocks(params, layer, sum(g.num_heads for g in layer_layout))
+    for name, block in blocks.items():
+      norms = np.sqrt((block.reshape(block.shape[0], -1) ** 2).sum(axis=1))
+      shares[name].append(norms / norms.sum())
+  return {name: stack_layers(rows) for name, rows in shares.items()}
+
+
+def utterance_head_shares(head_norms: np.ndarray) -> np.ndarray:
+  """head_norms [n, H] of one utterance -> [H]: shares over heads per position, median over
+  positions."""
+  shares = head_norms / np.maximum(head_norms.sum(axis=1, keepdims=True), 1e-30)
+  return np.median(shares, axis=0)
+
+
+class HeadShareAccumulator:
+  """Collects per-utterance head shares; `result()` is [layers, H], the median over utterances."""
+
+  def __init__(self):
+    self.per_layer: list[list[np.ndarray]] = []
+
+  def add(self, layers: list[dict]):
+    if not self.per_layer:
+      self.per_layer = [[] for _ in layers]
+    for rows, layer in zip(self.per_layer, layers):
+      rows.append(utterance_head_shares(layer["head_norms"]))
+
+  def result(self) -> np.ndarray:
+    return stack_layers([np.median(np.stack(rows), axis=0) for rows in self.per_layer])

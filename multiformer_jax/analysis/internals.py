@@ -1,0 +1,128 @@
+"""What the analyses read from a trained run: the model, the parameters of a checkpoint, a
+random sample of utterances, and per encoder layer the internals of the attention block.
+
+Everything is evaluation mode (no dropout, fixed kernel features) and float32, whatever
+`model.dtype` the run trained with, so the decompositions are exact.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from typing import Iterator
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import input_pipeline as ip
+from multiformer_jax.analysis import contributions as contrib
+from multiformer_jax.model import S2TModel
+from multiformer_jax.train import model_config_for, pipeline_config
+
+
+@dataclasses.dataclass
+class Run:
+  """One stage of a trained run, ready to analyse."""
+  config: object           # the run's saved ml_collections config
+  stage: str
+  model: S2TModel
+  params: dict
+  checkpoint: str          # which checkpoint (description)
+  data: ip.SplitData
+  batcher: ip.Batcher
+
+  @property
+  def layout(self):
+    return self.model.config.layout
+
+
+def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str = "best",
+             average_last: int = 10) -> Run:
+  """The run's config, a checkpoint of `stage` (latest | best | average) and a split."""
+  config = ckpt_lib.load_config(workdir)
+  ckpt_dir = os.path.join(workdir, stage, "checkpoints")
+  if not os.path.isdir(ckpt_dir):
+    stages = [s for s in ip.TASKS if os.path.isdir(os.path.join(workdir, s, "checkpoints"))]
+    raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({ckpt_dir}); stages with "
+                            f"checkpoints: {stages or 'none'}")
+  data = ip.SplitData(pipeline_config(config, stage, "test"), split or config.data.dev_split)
+  model_config = dataclasses.replace(model_config_for(config, data.vocab.size), dtype="float32")
+  params, which = ckpt_lib.StageCheckpoints(ckpt_dir).select_params(checkpoint, average_last)
+  params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.float32), params)
+  return Run(config, stage, S2TModel(model_config), params, which, data,
+             ip.Batcher(data, False))
+
+
+def sample_utterances(data: ip.SplitData, count: int, seed: int = 0) -> np.ndarray:
+  """`count` random utterance indices of the split (all of them if it has fewer), sorted by
+  length so that batches waste little padding."""
+  rng = np.random.default_rng(seed)
+  chosen = rng.choice(len(data), size=min(count, len(data)), replace=False)
+  return chosen[np.argsort(data.n_frames[chosen], kind="stable")]
+
+
+def batches(batcher: ip.Batcher, indices: np.ndarray, batch_size: int) -> Iterator[dict]:
+  """Batches of the chosen utterances, each padded to its longest member's bucket (so a run
+  compiles at most one program per bucket)."""
+  for start in range(0, len(indices), batch_size):
+    chunk = indices[start:start + batch_size]
+    bucket = int(batcher.bucket_of[chunk].max())
+    yield batcher.assemble(bucket, np.pad(chunk, (0, batch_size - len(chunk)),
+                                          constant_values=-1), 0)
+
+
+def _layer_internals(model: S2TModel, features, lengths, with_contributions: bool):
+  """Per encoder layer: head output norms and (optionally) the contribution matrix."""
+  encoder = model.encoder
+  x, mask = encoder.embed(features, lengths)
+  layers = []
+  for layer, layer_layout in zip(encoder.layers, model.config.layout):
+    attn = layer.self_attn
+    ln_x = layer.self_attn_layer_norm(x)
+    z = attn.heads_output(ln_x, mask)                                  # [b, n, H, hd]
+    out = {"head_norms": contrib.head_output_norms(
+        z, attn.out_proj.variables["params"]["kernel"])}                # [b, n, H]
+    if with_contributions:
+      mixing, values, _ = contrib.attention_taps(attn, ln_x, mask, layer_layout)
+      out["contributions"] = contrib.contribution_matrix(mixing, values, x, mask)  # [b, n, n]
+    layers.append(out)
+    x = layer(x, mask)
+  return mask, layers
+
+
+def make_internals_fn(model: S2TModel, with_contributions: bool):
+  """-> jitted fn(params, features, lengths) -> (mask [b, n], [per layer dict])."""
+  def fn(params, features, lengths):
+    return nn.apply(_layer_internals, model)({"params": params}, features, lengths,
+                                             with_contributions)
+  return jax.jit(fn)
+
+
+def per_utterance(run: Run, num_utterances: int, batch_size: int, seed: int,
+                  with_contributions: bool, progress: bool = True) -> Iterator[tuple]:
+  """Yields (utterance index, [per layer dict of numpy arrays cut to the valid tokens])."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  indices = sample_utterances(run.data, num_utterances, seed)
+  internals = make_internals_fn(run.model, with_contributions)
+  bar = tqdm(total=len(indices), desc=f"{run.stage} {run.data.split}", unit="utt",
+             disable=not progress, file=sys.stderr)
+  for batch in batches(run.batcher, indices, batch_size):
+    mask, layers = jax.device_get(internals(run.params, jnp.asarray(batch["features"]),
+                                            jnp.asarray(batch["lengths"])))
+    for row, index in enumerate(batch["index"]):
+      if index < 0:
+        continue
+      n = int(mask[row].sum())
+      cut = []
+      for layer in layers:
+        item = {"head_norms": layer["head_norms"][row, :n]}
+        if with_contributions:
+          item["contributions"] = layer["contributions"][row, :n, :n]
+        cut.append(item)
+      bar.update(1)
+      yield int(index), cut
+  bar.close()
