@@ -130,7 +130,8 @@ class ContributionStats:
 
 def collect_contributions(run: internals.Run, num_utterances: int, batch_size: int, seed: int,
                           example: int, threshold: float = 0.01,
-                          patience_fraction: float = 0.1, progress: bool = True):
+                          patience_fraction: float = 0.1, progress: bool = True,
+                          residual: bool = True):
   """-> (ContributionStats, contribution matrices of the example utterance per layer,
   its corpus index). `example` indexes the sampled utterances sorted by length (-1: median)."""
   stats = ContributionStats(threshold, patience_fraction)
@@ -138,7 +139,7 @@ def collect_contributions(run: internals.Run, num_utterances: int, batch_size: i
   example_index = int(chosen[len(chosen) // 2 if example < 0 else min(example, len(chosen) - 1)])
   example_matrices = None
   for index, layers in internals.per_utterance(run, num_utterances, batch_size, seed, True,
-                                               progress):
+                                               progress, residual):
     stats.add(layers)
     if index == example_index:
       example_matrices = [layer["contributions"] for layer in layers]
@@ -147,12 +148,14 @@ def collect_contributions(run: internals.Run, num_utterances: int, batch_size: i
 
 def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterances: int = 100,
                           batch_size: int = 8, seed: int = 0, example: int = -1,
-                          hide_diagonal: bool = False, progress: bool = True) -> dict:
+                          hide_diagonal: bool = False, progress: bool = True,
+                          residual: bool = True) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   series, rows, paths = {}, [], {}
   for run in runs:
     stats, matrices, index = collect_contributions(run, num_utterances, batch_size, seed,
-                                                   example, progress=progress)
+                                                   example, progress=progress,
+                                                   residual=residual)
     count = len(stats.ccd[0])
     utt = run.data.ids[index]
     paths[f"contributions_{run.stage}"] = plots.contribution_matrices(
@@ -168,7 +171,7 @@ def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterance
     for l in range(len(mean)):
       rows.append({"stage": run.stage, "layer": l + 1, "ccd_mean": float(mean[l]),
                    "ccd_std": float(std[l]), "utterances": count})
-  paths["ccd"] = plots.ccd_by_layer(series, f"CCD per layer ({num_utterances} utterances of "
+  paths["ccd"] = plots.ccd_by_layer(series, f"CCD per layer ({count} utterances of "
                                     f"{runs[0].data.split})", os.path.join(out_dir, "ccd.png"))
   paths["table"] = write_table(rows, os.path.join(out_dir, "ccd"),
                                "Cumulative contribution diagonality per layer")[1]
@@ -255,10 +258,11 @@ def select_windows(run: internals.Run, out_dir: str, num_utterances: int = 400,
                    patience_fraction: float = 0.1,
                    full_cl_threshold: float = DEFAULT_FULL_CL_THRESHOLD, full_layers=None,
                    config_out: str | None = None, example: int = -1, command: str = "",
-                   progress: bool = True) -> dict:
+                   progress: bool = True, residual: bool = True) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   stats, matrices, index = collect_contributions(run, num_utterances, batch_size, seed, example,
-                                                 threshold, patience_fraction, progress)
+                                                 threshold, patience_fraction, progress,
+                                                 residual)
   count = len(stats.windows[0])
   table = window_table(stats, run.layout, full_cl_threshold, full_layers)
   paths = {"table": write_table(table, os.path.join(out_dir, f"windows_{run.stage}"),
@@ -289,6 +293,13 @@ def _common(parser):
   parser.add_argument("--no_progress", action="store_true")
 
 
+def _contribution_options(parser):
+  parser.add_argument("--example", type=int, default=-1,
+                      help="which sampled utterance to plot (by length; -1: the median)")
+  parser.add_argument("--no_residual", action="store_true",
+                      help="leave the residual x_i out of C_ii (the paper keeps it)")
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   sub = parser.add_subparsers(dest="command", required=True)
@@ -300,8 +311,7 @@ def main(argv=None):
   contributions.add_argument("--stages", nargs="+", default=["asr", "st"],
                              choices=("asr", "st"))
   contributions.add_argument("--hide_diagonal", action="store_true")
-  contributions.add_argument("--example", type=int, default=-1,
-                             help="which sampled utterance to plot (by length; -1: median)")
+  _contribution_options(contributions)
   windows = sub.add_parser("windows", help="Algorithm 1 window selection and a config")
   _common(windows)
   windows.add_argument("--stage", default="st", choices=("asr", "st"))
@@ -313,7 +323,7 @@ def main(argv=None):
   windows.add_argument("--full_layers", type=int, nargs="*", default=None,
                        help="1-based layers that keep full attention (overrides the threshold)")
   windows.add_argument("--config_out", default=None, help="default: {out}/{name}_windows.py")
-  windows.add_argument("--example", type=int, default=-1)
+  _contribution_options(windows)
   args = parser.parse_args(argv)
   if args.num_utterances < 1 or args.batch_size < 1:
     parser.error(f"--num_utterances ({args.num_utterances}) and --batch_size "
@@ -327,13 +337,13 @@ def main(argv=None):
   elif args.command == "contributions":
     result = analyze_contributions([load(s) for s in args.stages], args.out,
                                    example=args.example, hide_diagonal=args.hide_diagonal,
-                                   **common)
+                                   residual=not args.no_residual, **common)
   else:
     result = select_windows(load(args.stage), args.out, threshold=args.threshold,
                             patience_fraction=args.patience,
                             full_cl_threshold=args.full_cl_threshold,
                             full_layers=args.full_layers, config_out=args.config_out,
-                            example=args.example,
+                            example=args.example, residual=not args.no_residual,
                             command="python -m multiformer_jax.analyze " + " ".join(
                                 argv if argv is not None else sys.argv[1:]), **common)
     print(open(result["paths"]["table"], encoding="utf-8").read())

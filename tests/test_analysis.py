@@ -60,19 +60,20 @@ def test_decomposition_reconstructs_the_attention_block_exactly(layout):
     assert error < 1e-4 * max(scale, 1.0), error
 
 
-def test_contribution_matrix_is_the_norm_of_each_transformed_vector():
+@pytest.mark.parametrize("residual", [True, False])
+def test_contribution_matrix_is_the_norm_of_each_transformed_vector(residual):
   batch, taps, n, d = 2, 3, 7, 5
   mixing = RNG.normal(size=(batch, taps, n, n)).astype(np.float32)
   values = RNG.normal(size=(batch, taps, n, d)).astype(np.float32)
   x = RNG.normal(size=(batch, n, d)).astype(np.float32)
   mask = np.arange(n)[None, :] < np.array([[7], [4]])
   c = np.asarray(contrib.contribution_matrix(jnp.asarray(mixing), jnp.asarray(values),
-                                             jnp.asarray(x), jnp.asarray(mask)))
+                                             jnp.asarray(x), jnp.asarray(mask), residual))
   for b in range(batch):
     for i in range(n):
       for j in range(n):
         f = sum(mixing[b, t, i, j] * values[b, t, j] for t in range(taps))
-        f = f + (x[b, i] if i == j else 0)
+        f = f + (x[b, i] if i == j and residual else 0)
         expected = np.linalg.norm(f) if mask[b, i] and mask[b, j] else 0.0
         np.testing.assert_allclose(c[b, i, j], expected, rtol=1e-5, atol=1e-5)
 

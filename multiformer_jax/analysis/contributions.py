@@ -94,8 +94,11 @@ def reconstruct_block_output(mixing, values, bias, x):
   return jnp.einsum("btij,btjd->bid", mixing, values) + x + bias
 
 
-def contribution_matrix(mixing, values, x, mask):
+def contribution_matrix(mixing, values, x, mask, residual: bool = True):
   """C_ij = ‖F_i(x_j)‖₂: [batch, n, n], zero at padded rows and columns.
+
+  residual=False leaves out the δ_ij x_i term (only what the attention mixes: a view for
+  models whose residual stream still dominates every row, e.g. after few updates).
 
   Forms F one utterance at a time ([n, n, d] floats), so memory is O(n² d), not O(b n² d)."""
   length = x.shape[1]
@@ -103,7 +106,9 @@ def contribution_matrix(mixing, values, x, mask):
 
   def one(args):
     b_taps, u_taps, x_u, m = args
-    f = jnp.einsum("tij,tjd->ijd", b_taps, u_taps) + eye[:, :, None] * x_u[:, None, :]
+    f = jnp.einsum("tij,tjd->ijd", b_taps, u_taps)
+    if residual:
+      f = f + eye[:, :, None] * x_u[:, None, :]
     c = jnp.sqrt(jnp.sum(f * f, axis=-1))
     return c * (m[:, None] & m[None, :])
 

@@ -75,7 +75,8 @@ def batches(batcher: ip.Batcher, indices: np.ndarray, batch_size: int) -> Iterat
                                           constant_values=-1), 0)
 
 
-def _layer_internals(model: S2TModel, features, lengths, with_contributions: bool):
+def _layer_internals(model: S2TModel, features, lengths, with_contributions: bool,
+                     residual: bool):
   """Per encoder layer: head output norms and (optionally) the contribution matrix."""
   encoder = model.encoder
   x, mask = encoder.embed(features, lengths)
@@ -88,26 +89,28 @@ def _layer_internals(model: S2TModel, features, lengths, with_contributions: boo
         z, attn.out_proj.variables["params"]["kernel"])}                # [b, n, H]
     if with_contributions:
       mixing, values, _ = contrib.attention_taps(attn, ln_x, mask, layer_layout)
-      out["contributions"] = contrib.contribution_matrix(mixing, values, x, mask)  # [b, n, n]
+      out["contributions"] = contrib.contribution_matrix(mixing, values, x, mask,
+                                                               residual)  # [b, n, n]
     layers.append(out)
     x = layer(x, mask)
   return mask, layers
 
 
-def make_internals_fn(model: S2TModel, with_contributions: bool):
+def make_internals_fn(model: S2TModel, with_contributions: bool, residual: bool = True):
   """-> jitted fn(params, features, lengths) -> (mask [b, n], [per layer dict])."""
   def fn(params, features, lengths):
     return nn.apply(_layer_internals, model)({"params": params}, features, lengths,
-                                             with_contributions)
+                                             with_contributions, residual)
   return jax.jit(fn)
 
 
 def per_utterance(run: Run, num_utterances: int, batch_size: int, seed: int,
-                  with_contributions: bool, progress: bool = True) -> Iterator[tuple]:
+                  with_contributions: bool, progress: bool = True,
+                  residual: bool = True) -> Iterator[tuple]:
   """Yields (utterance index, [per layer dict of numpy arrays cut to the valid tokens])."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   indices = sample_utterances(run.data, num_utterances, seed)
-  internals = make_internals_fn(run.model, with_contributions)
+  internals = make_internals_fn(run.model, with_contributions, residual)
   bar = tqdm(total=len(indices), desc=f"{run.stage} {run.data.split}", unit="utt",
              disable=not progress, file=sys.stderr)
   for batch in batches(run.batcher, indices, batch_size):
