@@ -4,10 +4,13 @@
     python run.py --config=configs/s2t_v2.py:runlocal --workdir=runs/v2_tiny \
         --config.asr.max_updates=200 --config.data.prepared_dir=data/prepared/embedded_en_de
 
-Rerunning the same command resumes where the run stopped.
+Rerunning the same command resumes where the run stopped. On SIGTERM the run saves a checkpoint
+after the current update and exits with status 143; rerun the same command to resume.
 """
 
 import json
+import logging
+import sys
 
 from absl import app, flags
 from ml_collections import config_flags
@@ -24,12 +27,17 @@ def main(argv):
   import jax  # pylint: disable=import-outside-toplevel
   from multiformer_jax import train  # after flag parsing: imports JAX
   from multiformer_jax.train_log import setup_logging
+  from multiformer_jax import faults  # pylint: disable=import-outside-toplevel
   setup_logging()
   cache = _CONFIG.value.train.compilation_cache
   if cache:   # reruns and resumed runs load compiled steps instead of compiling them again
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-  results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  try:
+    results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except faults.Preempted as stopped:
+    logging.getLogger("multiformer_jax").warning("%s", stopped)
+    sys.exit(faults.PREEMPTED_EXIT_CODE)
   print(json.dumps(results, indent=1, ensure_ascii=False))
   if any("eval" in r for r in results.values()):
     from multiformer_jax import ablate  # pylint: disable=import-outside-toplevel

@@ -14,15 +14,25 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from multiformer_jax import faults
+
 
 class StageCheckpoints:
-  def __init__(self, directory: str, keep_last: int = 5):
+  """The checkpoints of one stage. `name` (the stage) names its fault-injection points."""
+
+  def __init__(self, directory: str, keep_last: int = 5, name: str = ""):
     self.directory = os.path.abspath(directory)
     self.keep_last = keep_last
-    self.manager = ocp.CheckpointManager(
+    self.name = name
+    self.manager = self._open()
+
+  def _open(self):
+    # Orbax writes a step into a temporary directory and renames it when complete, so a run
+    # killed while writing leaves no half-written step behind (only the temporary directory).
+    return ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
-                                             enable_async_checkpointing=False))
+                                             enable_async_checkpointing=True))
 
   def steps(self) -> list[int]:
     return sorted(self.manager.all_steps())
@@ -36,17 +46,30 @@ class StageCheckpoints:
     return dict(restored["meta"])
 
   def best(self) -> int | None:
-    scored = [(m["dev_loss"], s) for s in self.steps()
-              if (m := self.meta(s)).get("dev_loss") is not None]
+    scored = []
+    for step in self.steps():
+      try:
+        loss = self.meta(step).get("dev_loss")
+      except Exception:  # pylint: disable=broad-except
+        continue                                  # unreadable: never the best
+      if loss is not None:
+        scored.append((loss, step))
     return min(scored)[1] if scored else self.latest()
 
   def save(self, step: int, state, meta: dict):
     """Saves, then keeps only the last `keep_last` checkpoints and the best one."""
     if step in self.manager.all_steps():
       return
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                    meta=ocp.args.JsonSave(meta)))
-    self.manager.wait_until_finished()
+    try:
+      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                      meta=ocp.args.JsonSave(meta)))
+      faults.fault_point(f"{self.name}.checkpoint", step)   # tests: killed while writing
+      self.manager.wait_until_finished()
+    except OSError as error:
+      raise OSError(error.errno, f"writing checkpoint {step} to {self.directory} failed "
+                    f"({error.strerror or error}); the earlier checkpoints {self.steps()} are "
+                    f"intact: free disk space or fix permissions, then rerun the same command "
+                    f"to resume") from error
     steps = self.steps()
     keep = set(steps[-self.keep_last:]) | {self.best()}
     for old in steps:
@@ -60,6 +83,29 @@ class StageCheckpoints:
     restored = self.manager.restore(step, args=ocp.args.Composite(
         state=state_args, meta=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["meta"])
+
+  def restore_latest_valid(self, target, log) -> tuple[object, dict, int] | None:
+    """(state, meta, step) of the newest checkpoint that restores; None if there is none.
+
+    A checkpoint that fails to restore (truncated or corrupted files) is moved aside to
+    `corrupt-{step}` (kept for inspection, never deleted) with a warning, and the previous one
+    is tried."""
+    for step in reversed(self.steps()):
+      try:
+        state, meta = self.restore(step, target)
+        return state, meta, step
+      except Exception as error:  # pylint: disable=broad-except
+        aside = os.path.join(self.directory, f"corrupt-{step}")
+        suffix = 1
+        while os.path.exists(aside):
+          aside, suffix = os.path.join(self.directory, f"corrupt-{step}.{suffix}"), suffix + 1
+        log.warning("checkpoint %d in %s does not restore (%s: %s); moved to %s, trying the "
+                    "previous one", step, self.directory, type(error).__name__,
+                    str(error).splitlines()[0][:200] if str(error) else "", aside)
+        os.replace(os.path.join(self.directory, str(step)), aside)
+        self.manager.close()
+        self.manager = self._open()
+    return None
 
   def params(self, step: int):
     state, _ = self.restore(step)
@@ -87,8 +133,24 @@ class StageCheckpoints:
     return self.params(step), f"{which} (step {step})"
 
 
+def check_writable(workdir: str):
+  """Fails early, naming the directory, if the run could not write its results there."""
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write_probe")
+    with open(probe, "w", encoding="utf-8") as f:
+      f.write("x" * 4096)
+      f.flush()
+      os.fsync(f.fileno())
+    os.remove(probe)
+  except OSError as error:
+    reason = error.strerror or str(error)
+    raise OSError(error.errno, f"cannot write to the workdir {workdir!r} ({reason}): pass a "
+                  f"--workdir on a disk with free space that you can write to") from error
+
+
 def save_config(workdir: str, config):
-  os.makedirs(workdir, exist_ok=True)
+  check_writable(workdir)
   path = os.path.join(workdir, "config.json")
   with open(path + ".tmp", "w", encoding="utf-8") as f:
     f.write(config.to_json_best_effort(indent=1))

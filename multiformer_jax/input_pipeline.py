@@ -121,17 +121,22 @@ class Batcher:
     self.data, self.train = data, train
     self.process_index, self.process_count = process_index, process_count
     multiple = global_batch_multiple * process_count
-    longest = int(max(data.n_frames.max(), 1))
-    if train and longest > cfg.max_source_frames:
-      raise ValueError(f"{data.split} has utterances of {longest} frames, longer than "
-                       f"data.max_source_frames={cfg.max_source_frames}")
-    self.edges = bucket_boundaries(data.n_frames, cfg.num_buckets)
+    # Training skips utterances longer than data.max_source_frames (fairseq's
+    # skip_invalid_size_inputs); evaluation keeps every utterance.
+    usable = data.n_frames <= cfg.max_source_frames if train else \
+        np.ones(len(data), bool)
+    self.too_long = [str(data.ids[i]) for i in np.flatnonzero(~usable)]
+    if not usable.any():
+      raise ValueError(f"every utterance of {data.split} is longer than "
+                       f"data.max_source_frames={cfg.max_source_frames} (shortest: "
+                       f"{int(data.n_frames.min())} frames); raise data.max_source_frames")
+    self.edges = bucket_boundaries(data.n_frames[usable], cfg.num_buckets)
     if self.edges[-1] * multiple > cfg.max_frames:
       raise ValueError(f"data.max_frames={cfg.max_frames} cannot hold {multiple} utterances "
                        f"of {self.edges[-1]} frames (one per device, the longest bucket of "
                        f"{data.split}); raise data.max_frames to at least "
                        f"{self.edges[-1] * multiple}")
-    self.bucket_of = np.searchsorted(self.edges, data.n_frames)          # [N]
+    self.bucket_of = np.where(usable, np.searchsorted(self.edges, data.n_frames), -1)  # [N]
     token_lens = np.array([len(t) + 1 for t in data.tokens])             # + EOS
     self.buckets = []
     for b, frames in enumerate(self.edges):

@@ -24,6 +24,7 @@ import numpy as np
 import optax
 
 from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import faults
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.metrics import label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
@@ -202,18 +203,22 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
                              jax.process_count())
   dev_batcher = ip.Batcher(dev_data, False, dp.global_batch_multiple, jax.process_index(),
                            jax.process_count(), tags=train_batcher.tags)
+  if train_batcher.too_long:
+    log.warning("stage %s: %d training utterances longer than data.max_source_frames=%d are "
+                "skipped (e.g. %s)", stage, len(train_batcher.too_long),
+                config.data.max_source_frames, ", ".join(train_batcher.too_long[:5]))
   log.info("stage %s: %d train / %d dev utterances, vocabulary %d, batch shapes "
            "(batch, frames, tokens) %s", stage, len(train_data), len(dev_data),
            train_data.vocab.size, train_batcher.shapes)
   tx, schedule = make_optimizer(config.train, scfg)
   checkpoints = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints"),
-                                          scfg.keep_last)
+                                          scfg.keep_last, stage)
   seed_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), len(stage))
   state = create_state(model, tx, seed_key)
   iterator = ip.TrainIterator(train_batcher)
-  latest = checkpoints.latest()
-  if latest is not None:
-    state, meta = checkpoints.restore(latest, target=state)
+  resumed = checkpoints.restore_latest_valid(state, log)
+  if resumed is not None:
+    state, meta, latest = resumed
     iterator.restore(meta["iterator"])
     log.info("resumed stage %s from step %d (%s), data position %s", stage, latest,
              checkpoints.directory, meta["iterator"])
@@ -228,18 +233,43 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing)
   step = int(state.step)
   state = dp.replicate(state)
-  seen_shapes = set()
   logger.start(step, scfg.max_updates)
+  try:
+    with faults.StopRequest() as stop:
+      step = _train_loop(config, stage, state, step, iterator, train_step, eval_step,
+                         dev_batcher, dp, checkpoints, logger, stop, train_data, model)
+  finally:
+    logger.close()
+  best = checkpoints.best()
+  summary = {"stage": stage, "updates": step, "best_step": best,
+             "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
+             "wall_s": round(logger.elapsed(), 1)}
+  with open(done_path + ".tmp", "w", encoding="utf-8") as f:
+    json.dump(summary, f, indent=1)
+  os.replace(done_path + ".tmp", done_path)
+  return summary
+
+
+def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev_batcher, dp,
+                checkpoints, logger, stop, train_data, model):
+  """Updates from `step` to the stage's max_updates: logs, evaluates and checkpoints on
+  schedule; on a stop request saves a checkpoint after the current update and raises
+  Preempted."""
+  scfg, log = config[stage], logger.log
+  seen_shapes = set()
   while step < scfg.max_updates:
+    update_ids = []
     for micro in range(scfg.update_freq):
       batch = next(iterator)
+      update_ids += [str(train_data.ids[i]) for i in batch["index"] if i >= 0]
       shape = batch["features"].shape[:2] + batch["targets"].shape[1:]
       if shape not in seen_shapes:
         seen_shapes.add(shape)
         log.info("compiling the train step for batch shape %s (first use; later steps with "
                  "this shape are fast)", shape)
-      state, metrics = train_step(state, dp.shard(batch), micro == scfg.update_freq - 1)
-      logger.accumulate(metrics)
+      last_micro = micro == scfg.update_freq - 1
+      state, metrics = train_step(state, dp.shard(batch), last_micro)
+      logger.accumulate(metrics, update_ids if last_micro else None)
     step += 1
     if step % config.train.log_every == 0 or step == scfg.max_updates:
       nonfinite = logger.flush(step)
@@ -256,15 +286,15 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
       checkpoints.save(step, dp.unreplicate(state), meta)
       log.info("step %d: dev loss %.4f, dev ppl %.2f; checkpoint saved", step,
                dev["dev_loss"], dev["dev_ppl"])
-  logger.close()
-  best = checkpoints.best()
-  summary = {"stage": stage, "updates": step, "best_step": best,
-             "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
-             "wall_s": round(logger.elapsed(), 1)}
-  with open(done_path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
-  os.replace(done_path + ".tmp", done_path)
-  return summary
+    faults.fault_point(f"{stage}.update", step)               # tests: killed after an update
+    if stop.requested:
+      logger.flush(step)
+      if step not in checkpoints.steps():
+        checkpoints.save(step, dp.unreplicate(state), {
+            "stage": stage, "step": step, "iterator": iterator.state(), "dev_loss": None,
+            "model": model.config.to_dict(), "saved_on": "SIGTERM"})
+      raise faults.Preempted(stage, step)
+  return step
 
 
 def ensure_prepared(config, log: logging.Logger):

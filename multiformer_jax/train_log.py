@@ -42,6 +42,7 @@ class StageLogger:
       self.log.warning("tensorboardX not installed: no TensorBoard scalars (JSONL only)")
     self.pending = []
     self.consecutive_nonfinite = 0
+    self.skipped_total = 0
     self.bar = None
     self.t0 = self.t_flush = time.time()
 
@@ -53,14 +54,19 @@ class StageLogger:
     self.log.info("%s: training from update %d to %d; the first step compiles (tens of "
                   "seconds on CPU), that is not the steady speed", self.stage, step, total)
 
-  def accumulate(self, metrics):
-    self.pending.append(metrics)
+  def accumulate(self, metrics, utterance_ids=None):
+    """metrics of one micro-batch (on device); utterance_ids: the ids of every utterance of the
+    update it completes (logged if the update turns out non-finite)."""
+    self.pending.append((metrics, utterance_ids))
 
   def flush(self, step: int) -> int:
     """Reads the pending metrics (blocks), logs them; returns consecutive non-finite skips."""
     import jax  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
-    values = jax.device_get(self.pending)
+    if not self.pending:
+      return self.consecutive_nonfinite
+    values = jax.device_get([m for m, _ in self.pending])
+    update_ids = [ids for _, ids in self.pending]
     self.pending = []
     first = lambda x: float(np.asarray(x).reshape(-1)[0])
     sums = {}
@@ -84,13 +90,20 @@ class StageLogger:
       self.bar.n = step
       self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
       self.bar.refresh()
-    for m in values:
+    skipped_ids = []
+    for m, ids in zip(values, update_ids):
       if "finite" in m:
-        self.consecutive_nonfinite = 0 if bool(np.asarray(m["finite"]).reshape(-1)[0]) else \
-            self.consecutive_nonfinite + 1
-    if record["skipped_updates"]:
-      self.log.warning("%s step %d: %d update(s) skipped for a non-finite loss or gradient",
-                       self.stage, step, record["skipped_updates"])
+        finite = bool(np.asarray(m["finite"]).reshape(-1)[0])
+        self.consecutive_nonfinite = 0 if finite else self.consecutive_nonfinite + 1
+        if not finite:
+          skipped_ids.append(list(ids or []))
+    if skipped_ids:
+      self.skipped_total += len(skipped_ids)
+      self.scalars(step, {"skipped_utterances": json.dumps(skipped_ids),
+                          "skipped_total": self.skipped_total})
+      self.log.warning("%s step %d: %d update(s) skipped for a non-finite loss or gradient "
+                       "(%d skipped so far); their utterances: %s", self.stage, step,
+                       len(skipped_ids), self.skipped_total, skipped_ids)
     return self.consecutive_nonfinite
 
   def scalars(self, step: int, values: dict):

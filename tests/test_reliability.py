@@ -1,0 +1,299 @@
+"""Reliability, by doing the damage for real: SIGKILL at several points (one of them while a
+checkpoint is being written), SIGTERM, a corrupted latest checkpoint, non-finite updates, and
+run-to-run determinism. Every interrupted run must end with the parameters of an uninterrupted
+run, bit for bit (CPU)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import faults, train
+from multiformer_jax import input_pipeline as ip
+from multiformer_jax.parallel import DataParallel
+from tests.test_train import losses, tiny_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAX_UPDATES, EVAL_EVERY = 8, 4
+
+
+@pytest.fixture(scope="module")
+def config_file(prepared, tmp_path_factory):
+  """A config file for run.py: the tiny ASR stage, 8 updates, a checkpoint every 4."""
+  _, prepared_dir = prepared
+  path = tmp_path_factory.mktemp("configs") / "tiny_asr.py"
+  cache = os.path.join(os.path.expanduser("~"), ".cache", "multiformer_jax", "jax-tests")
+  path.write_text(textwrap.dedent(f"""
+      from tests.test_train import tiny_config
+
+      def get_config():
+        config = tiny_config({prepared_dir!r}, max_updates={MAX_UPDATES},
+                             eval_every={EVAL_EVERY}, keep_last=2)
+        config.train.stages = ("asr",)
+        config.train.log_every = 1
+        config.train.compilation_cache = {cache!r}
+        return config
+      """))
+  return str(path)
+
+
+def _run(config_file, workdir, fault=None, **popen):
+  env = dict(os.environ)
+  env.pop(faults.FAULT_ENV, None)
+  if fault:
+    env[faults.FAULT_ENV] = fault
+  command = [sys.executable, "run.py", f"--config={config_file}", f"--workdir={workdir}"]
+  if popen:
+    return subprocess.Popen(command, cwd=REPO, env=env, text=True, **popen)
+  return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
+                        timeout=600, check=False)
+
+
+def _final_state(workdir, step=MAX_UPDATES):
+  return ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints")).restore(step)
+
+
+def _assert_same_state(workdir_a, workdir_b):
+  state_a, meta_a = _final_state(workdir_a)
+  state_b, meta_b = _final_state(workdir_b)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, state_a, state_b)
+  assert meta_a["iterator"] == meta_b["iterator"]
+  assert meta_a["dev_loss"] == meta_b["dev_loss"]
+
+
+@pytest.fixture(scope="module")
+def reference(config_file, tmp_path_factory):
+  """An uninterrupted run of the same command."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  result = _run(config_file, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  return workdir
+
+
+def test_sigkill_at_several_points_then_rerun_gives_the_same_parameters(config_file,
+                                                                         reference, tmp_path):
+  workdir = str(tmp_path / "killed")
+  checkpoints = os.path.join(workdir, "asr", "checkpoints")
+  # Killed after update 3 (no checkpoint yet), while checkpoint 4 is being written (the save
+  # was started asynchronously and not finished), and after update 6 (checkpoint 4 exists).
+  for fault in ("asr.update:3", "asr.checkpoint:4", "asr.update:6"):
+    result = _run(config_file, workdir, fault)
+    assert result.returncode == -signal.SIGKILL, (fault, result.stderr[-3000:])
+    assert not os.path.exists(os.path.join(workdir, "asr", train.DONE))
+    if fault == "asr.checkpoint:4":
+      # Really killed mid-write: only orbax's temporary directory, no (half) step 4.
+      assert ckpt_lib.StageCheckpoints(checkpoints).steps() == []
+      assert any(name.startswith("4.") and "tmp" in name for name in os.listdir(checkpoints))
+  assert ckpt_lib.StageCheckpoints(checkpoints).steps() == [4]
+  result = _run(config_file, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "resumed stage asr from step 4" in result.stderr
+  _assert_same_state(reference, workdir)
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resumes(config_file, reference,
+                                                                   tmp_path):
+  workdir = str(tmp_path / "terminated")
+  process = _run(config_file, workdir, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
+  seen = []
+  for line in process.stderr:            # the handler is installed before the first update
+    seen.append(line)
+    if "compiling the train step" in line:
+      process.send_signal(signal.SIGTERM)
+      break
+  rest = process.stderr.read()
+  assert process.wait(timeout=600) == faults.PREEMPTED_EXIT_CODE, "".join(seen) + rest
+  assert "Traceback" not in rest and "stopped by SIGTERM" in rest
+  steps = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints")).steps()
+  assert steps and steps[-1] < MAX_UPDATES
+  _, meta = _final_state(workdir, steps[-1])
+  assert meta["saved_on"] == "SIGTERM" and meta["dev_loss"] is None
+  result = _run(config_file, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"resumed stage asr from step {steps[-1]}" in result.stderr
+  _assert_same_state(reference, workdir)
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(config_file, reference,
+                                                                  tmp_path):
+  workdir = str(tmp_path / "corrupt")
+  shutil.copytree(reference, workdir)
+  os.remove(os.path.join(workdir, "asr", train.DONE))          # as if killed after saving 8
+  latest = os.path.join(workdir, "asr", "checkpoints", str(MAX_UPDATES))
+  for root, _, files in os.walk(os.path.join(latest, "state")):
+    for name in files:                                          # truncate every state file
+      with open(os.path.join(root, name), "r+b") as f:
+        f.truncate(max(os.path.getsize(f.name) // 3, 0))
+  result = _run(config_file, workdir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert f"checkpoint {MAX_UPDATES}" in result.stderr and "does not restore" in result.stderr
+  assert f"resumed stage asr from step {MAX_UPDATES - EVAL_EVERY}" in result.stderr
+  aside = os.path.join(workdir, "asr", "checkpoints", f"corrupt-{MAX_UPDATES}")
+  assert os.path.isdir(aside)                       # kept for inspection, not deleted
+  _assert_same_state(reference, workdir)
+
+
+def test_fault_spec_errors_name_the_bad_item(monkeypatch):
+  monkeypatch.setenv(faults.FAULT_ENV, "asr.update:x")
+  with pytest.raises(ValueError, match="asr.update:x.*asr.update:3"):
+    faults.fault_point("asr.update", 1)
+
+
+def _tiny_step(prepared_dir):
+  config = tiny_config(prepared_dir)
+  data = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  batch = ip.Batcher(data, True).assemble(0, np.arange(2), 0)
+  model = train.S2TModel(train.model_config_for(config, data.vocab.size))
+  tx, schedule = train.make_optimizer(config.train, config.asr)
+  state = train.create_state(model, tx, jax.random.PRNGKey(0))
+  step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
+  return state, batch, step
+
+
+def test_a_non_finite_update_leaves_parameters_and_optimizer_state_unchanged(prepared):
+  _, prepared_dir = prepared
+  state, batch, step = _tiny_step(prepared_dir)
+  state, _ = step(state, batch, True)                 # one good update: Adam moments non-zero
+  before = jax.device_get(state)
+  bad = dict(batch, features=np.where(np.arange(batch["features"].shape[1])[None, :, None] == 3,
+                                      np.nan, batch["features"]).astype(np.float32))
+  state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, bad), True)
+  after = jax.device_get(state)
+  assert not bool(metrics["finite"]) and int(after.nonfinite) == 1
+  assert int(after.step) == int(before.step) + 1      # counted as an update (skipped)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, after.params, before.params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, after.opt_state, before.opt_state)
+  state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, batch), True)
+  assert bool(metrics["finite"]) and int(jax.device_get(state).nonfinite) == 0
+
+
+def test_consecutive_non_finite_updates_stop_the_run_with_advice(prepared, tmp_path,
+                                                                 monkeypatch):
+  _, prepared_dir = prepared
+  assemble = ip.Batcher.assemble
+
+  def poisoned(self, bucket_id, indices, epoch):
+    batch = assemble(self, bucket_id, indices, epoch)
+    if self.train:
+      batch["features"][:, 0, 0] = np.inf
+    return batch
+  monkeypatch.setattr(ip.Batcher, "assemble", poisoned)
+  config = tiny_config(prepared_dir, max_updates=6, eval_every=6)
+  config.train.stages = ("asr",)
+  config.train.log_every = 1
+  config.train.max_consecutive_nonfinite = 3
+  with pytest.raises(FloatingPointError, match=r"3 consecutive updates had a non-finite loss "
+                                               r"or gradient.*lower asr.lr"):
+    train.train_and_evaluate(config, str(tmp_path))
+  with open(tmp_path / "asr" / "log.jsonl", encoding="utf-8") as f:
+    records = [json.loads(line) for line in f]
+  skipped = [r for r in records if "skipped_utterances" in r]
+  assert [r["skipped_total"] for r in skipped] == [1, 2, 3]
+  ids = json.loads(skipped[0]["skipped_utterances"])[0]
+  data = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  assert ids and set(ids) <= set(map(str, data.ids))   # the utterances of the skipped update
+
+
+def test_same_seed_and_config_give_identical_loss_curves(prepared, tmp_path):
+  _, prepared_dir = prepared
+  curves = []
+  for run in ("a", "b"):
+    config = tiny_config(prepared_dir, max_updates=6, eval_every=3)
+    config.train.stages = ("asr",)
+    config.train.log_every = 1
+    train.train_and_evaluate(config, str(tmp_path / run))
+    with open(tmp_path / run / "asr" / "log.jsonl", encoding="utf-8") as f:
+      dev = [r["dev_loss"] for r in map(json.loads, f) if "dev_loss" in r]
+    curves.append((losses(str(tmp_path / run / "asr")), dev))
+  assert len(curves[0][0]) == 6 and len(curves[0][1]) == 2
+  assert curves[0] == curves[1]
+
+
+def test_training_skips_utterances_longer_than_max_source_frames(prepared):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  data = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  limit = int(np.sort(data.n_frames)[-3])              # the two longest are over the limit
+  config.data.max_source_frames = limit
+  batcher = ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr"), "train"), True)
+  longest = np.argsort(data.n_frames, kind="stable")[-2:]
+  assert sorted(batcher.too_long) == sorted(str(data.ids[i]) for i in longest
+                                            if data.n_frames[i] > limit)
+  planned = np.concatenate([idx for _, idx in batcher.epoch_plan(0)])
+  assert not set(planned[planned >= 0]) & set(longest[data.n_frames[longest] > limit])
+  assert len(set(planned[planned >= 0])) == len(data) - len(batcher.too_long)
+  evaluation = ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr", "test"), "train"),
+                          False)
+  assert not evaluation.too_long                       # evaluation never drops an utterance
+  config.data.max_source_frames = int(data.n_frames.min()) - 1
+  with pytest.raises(ValueError, match="every utterance of train is longer than "
+                                       "data.max_source_frames"):
+    ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr"), "train"), True)
+
+
+def test_an_asr_encoder_that_does_not_fit_the_st_config_is_named(prepared):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  asr_model = train.S2TModel(train.model_config_for(config, 40))
+  asr_params = train.init_params(asr_model, jax.random.PRNGKey(0))
+  config.model.ffn_dim = 24
+  st_model = train.S2TModel(train.model_config_for(config, 50))
+  st_params = train.init_params(st_model, jax.random.PRNGKey(1))
+  with pytest.raises(ValueError, match=r"(?s)does not fit the ST model config.*"
+                                       r"encoder/layers_0/ffn/fc1/kernel: ASR \(16, 32\) vs ST "
+                                       r"\(16, 24\).*same model\.\* encoder settings"):
+    train.carry_encoder(st_params, asr_params, train.logging.getLogger("test"))
+
+
+def test_an_unwritable_workdir_is_named_before_anything_runs(prepared, tmp_path):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  blocker = tmp_path / "a_file"
+  blocker.write_text("not a directory")
+  with pytest.raises(OSError, match="cannot write to the workdir .*a_file/run.*free space"):
+    train.train_and_evaluate(config, str(blocker / "run"))
+  if os.geteuid() != 0:                    # root ignores permissions
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    with pytest.raises(OSError, match="cannot write to the workdir"):
+      train.train_and_evaluate(config, str(locked / "run"))
+
+
+def test_a_full_disk_while_checkpointing_keeps_earlier_checkpoints(prepared, tmp_path,
+                                                                   monkeypatch):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir, max_updates=4, eval_every=2)
+  config.train.stages = ("asr",)
+  save = ckpt_lib.ocp.CheckpointManager.save
+
+  def full_disk_at_step_4(self, step, *args, **kwargs):
+    if step == 4:
+      raise OSError(28, "No space left on device")
+    return save(self, step, *args, **kwargs)
+  monkeypatch.setattr(ckpt_lib.ocp.CheckpointManager, "save", full_disk_at_step_4)
+  with pytest.raises(OSError, match=r"writing checkpoint 4 .* failed \(No space left on "
+                                    r"device\); the earlier checkpoints \[2\] are intact"):
+    train.train_and_evaluate(config, str(tmp_path))
+  checkpoints = ckpt_lib.StageCheckpoints(str(tmp_path / "asr" / "checkpoints"))
+  assert checkpoints.steps() == [2]
+  checkpoints.restore(2)                   # still readable
+
+
+def test_empty_audio_is_rejected_with_its_reason(tmp_path):
+  import soundfile  # pylint: disable=import-outside-toplevel
+  from data_prep import audio  # pylint: disable=import-outside-toplevel
+  path = str(tmp_path / "empty.wav")
+  soundfile.write(path, np.zeros(0, np.float32), 16000)
+  with pytest.raises(audio.AudioError) as info:
+    audio.load_audio(path)
+  assert info.value.reason == "empty audio" and "empty.wav" in str(info.value)
