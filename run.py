@@ -18,7 +18,34 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "directory of checkpoints, logs, results")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator", None, "multi-process training: host:port of process 0 (with "
+    "--num_processes and --process_id); every process runs the same command")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "multi-process: how many")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "multi-process: this process, 0-based")
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "multi-process with the cluster's settings detected by "
+    "jax.distributed.initialize() (SLURM, Open MPI, Cloud TPU)")
 flags.mark_flags_as_required(["config", "workdir"])
+
+
+def initialize_distributed(jax):
+  """jax.distributed.initialize from the flags (CPU processes talk through gloo)."""
+  explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+  if any(v is not None for v in explicit):
+    if any(v is None for v in explicit):
+      raise app.UsageError("--coordinator, --num_processes and --process_id go together; got "
+                           f"{explicit}")
+    if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
+      raise app.UsageError(f"--process_id={_PROCESS_ID.value} must be in [0, "
+                           f"{_NUM_PROCESSES.value})")
+  elif not _DISTRIBUTED.value:
+    return
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if explicit[0]:
+    jax.distributed.initialize(*explicit)
+  else:
+    jax.distributed.initialize()
 
 
 def main(argv):
@@ -28,6 +55,7 @@ def main(argv):
   from multiformer_jax import train  # after flag parsing: imports JAX
   from multiformer_jax.train_log import setup_logging
   from multiformer_jax import faults  # pylint: disable=import-outside-toplevel
+  initialize_distributed(jax)
   setup_logging()
   cache = _CONFIG.value.train.compilation_cache
   if cache:   # reruns and resumed runs load compiled steps instead of compiling them again
@@ -38,6 +66,8 @@ def main(argv):
   except faults.Preempted as stopped:
     logging.getLogger("multiformer_jax").warning("%s", stopped)
     sys.exit(faults.PREEMPTED_EXIT_CODE)
+  if jax.process_index() != 0:
+    return
   print(json.dumps(results, indent=1, ensure_ascii=False))
   if any("eval" in r for r in results.values()):
     from multiformer_jax import ablate  # pylint: disable=import-outside-toplevel

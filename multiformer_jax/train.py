@@ -12,6 +12,7 @@ data-iterator position, so the run continues with exactly the batch it would hav
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -188,7 +189,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   stage_dir = os.path.join(workdir, stage)
   os.makedirs(stage_dir, exist_ok=True)
   done_path = os.path.join(stage_dir, DONE)
-  logger = StageLogger(stage_dir, stage)
+  primary = jax.process_index() == 0
+  logger = StageLogger(stage_dir, stage, primary)
   log = logger.log
   if os.path.exists(done_path):
     with open(done_path, encoding="utf-8") as f:
@@ -236,18 +238,30 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   logger.start(step, scfg.max_updates)
   try:
     with faults.StopRequest() as stop:
-      step = _train_loop(config, stage, state, step, iterator, train_step, eval_step,
-                         dev_batcher, dp, checkpoints, logger, stop, train_data, model)
+      step, state = _train_loop(config, stage, state, step, iterator, train_step, eval_step,
+                                dev_batcher, dp, checkpoints, logger, stop, train_data, model)
   finally:
     logger.close()
   best = checkpoints.best()
   summary = {"stage": stage, "updates": step, "best_step": best,
              "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
              "wall_s": round(logger.elapsed(), 1)}
-  with open(done_path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
-  os.replace(done_path + ".tmp", done_path)
+  log.info("stage %s finished: parameter checksum %s (process %d of %d)", stage,
+           params_checksum(dp.unreplicate(state.params)), jax.process_index(),
+           jax.process_count())
+  if primary:
+    with open(done_path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(summary, f, indent=1)
+    os.replace(done_path + ".tmp", done_path)
   return summary
+
+
+def params_checksum(params) -> str:
+  """sha256 of every parameter's bytes in tree order: equal iff the parameters are bit-equal."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(params):
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return digest.hexdigest()[:16]
 
 
 def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev_batcher, dp,
@@ -294,7 +308,7 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
             "stage": stage, "step": step, "iterator": iterator.state(), "dev_loss": None,
             "model": model.config.to_dict(), "saved_on": "SIGTERM"})
       raise faults.Preempted(stage, step)
-  return step
+  return step, state
 
 
 def ensure_prepared(config, log: logging.Logger):
@@ -322,7 +336,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation."""
   from multiformer_jax import evaluate  # pylint: disable=import-outside-toplevel
   log = logging.getLogger("multiformer_jax")
-  ckpt_lib.save_config(workdir, config)
+  if jax.process_index() == 0:
+    ckpt_lib.save_config(workdir, config)
   ensure_prepared(config, log)
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,

@@ -29,15 +29,19 @@ class StageLogger:
   """Accumulates step metrics on device, flushes them every `log_every` updates (the host
   sync), and writes `{stage_dir}/log.jsonl` and TensorBoard events in `{stage_dir}/tb`."""
 
-  def __init__(self, stage_dir: str, stage: str):
+  def __init__(self, stage_dir: str, stage: str, primary: bool = True):
+    """primary: this process writes the files (in a multi-process run only process 0 does;
+    every process still logs to stderr)."""
     self.log = setup_logging()
     self.stage = stage
     self.dir = stage_dir
-    self.jsonl = open(os.path.join(stage_dir, "log.jsonl"), "a", encoding="utf-8")
+    self.jsonl = open(os.path.join(stage_dir, "log.jsonl"), "a", encoding="utf-8") \
+        if primary else None
     self.writer = None
     try:
-      from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
-      self.writer = SummaryWriter(os.path.join(stage_dir, "tb"))
+      if primary:
+        from tensorboardX import SummaryWriter  # pylint: disable=import-outside-toplevel
+        self.writer = SummaryWriter(os.path.join(stage_dir, "tb"))
     except ImportError:
       self.log.warning("tensorboardX not installed: no TensorBoard scalars (JSONL only)")
     self.pending = []
@@ -107,9 +111,10 @@ class StageLogger:
     return self.consecutive_nonfinite
 
   def scalars(self, step: int, values: dict):
-    self.jsonl.write(json.dumps({"stage": self.stage, "step": step, **{
-        k: v for k, v in values.items() if isinstance(v, (int, float, str))}}) + "\n")
-    self.jsonl.flush()
+    if self.jsonl is not None:
+      self.jsonl.write(json.dumps({"stage": self.stage, "step": step, **{
+          k: v for k, v in values.items() if isinstance(v, (int, float, str))}}) + "\n")
+      self.jsonl.flush()
     if self.writer is not None:
       for k, v in values.items():
         if isinstance(v, (int, float)) and k != "step":
@@ -122,6 +127,7 @@ class StageLogger:
   def close(self):
     if self.bar is not None:
       self.bar.close()
-    self.jsonl.close()
+    if self.jsonl is not None:
+      self.jsonl.close()
     if self.writer is not None:
       self.writer.close()

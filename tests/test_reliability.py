@@ -5,8 +5,10 @@ run, bit for bit (CPU)."""
 
 import json
 import os
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,32 +28,40 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_UPDATES, EVAL_EVERY = 8, 4
 
 
-@pytest.fixture(scope="module")
-def config_file(prepared, tmp_path_factory):
-  """A config file for run.py: the tiny ASR stage, 8 updates, a checkpoint every 4."""
-  _, prepared_dir = prepared
-  path = tmp_path_factory.mktemp("configs") / "tiny_asr.py"
+def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap"):
+  """A config file for run.py: the tiny ASR stage."""
   cache = os.path.join(os.path.expanduser("~"), ".cache", "multiformer_jax", "jax-tests")
   path.write_text(textwrap.dedent(f"""
       from tests.test_train import tiny_config
 
       def get_config():
-        config = tiny_config({prepared_dir!r}, max_updates={MAX_UPDATES},
-                             eval_every={EVAL_EVERY}, keep_last=2)
+        config = tiny_config({prepared_dir!r}, max_updates={max_updates},
+                             eval_every={eval_every}, keep_last=2)
         config.train.stages = ("asr",)
         config.train.log_every = 1
+        config.train.parallel = {parallel!r}
         config.train.compilation_cache = {cache!r}
         return config
       """))
   return str(path)
 
 
-def _run(config_file, workdir, fault=None, **popen):
+@pytest.fixture(scope="module")
+def config_file(prepared, tmp_path_factory):
+  """The tiny ASR stage, 8 updates, a checkpoint every 4."""
+  _, prepared_dir = prepared
+  return _write_config(tmp_path_factory.mktemp("configs") / "tiny_asr.py", prepared_dir,
+                       MAX_UPDATES, EVAL_EVERY)
+
+
+def _run(config_file, workdir, fault=None, extra=(), env_update=None, **popen):
   env = dict(os.environ)
   env.pop(faults.FAULT_ENV, None)
+  env.update(env_update or {})
   if fault:
     env[faults.FAULT_ENV] = fault
-  command = [sys.executable, "run.py", f"--config={config_file}", f"--workdir={workdir}"]
+  command = [sys.executable, "run.py", f"--config={config_file}", f"--workdir={workdir}",
+             *extra]
   if popen:
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, **popen)
   return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
@@ -297,3 +307,42 @@ def test_empty_audio_is_rejected_with_its_reason(tmp_path):
   with pytest.raises(audio.AudioError) as info:
     audio.load_audio(path)
   assert info.value.reason == "empty audio" and "empty.wav" in str(info.value)
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_train_together_like_one_process_with_the_same_global_batch(prepared,
+                                                                                  tmp_path):
+  _, prepared_dir = prepared
+  config_file = _write_config(tmp_path / "tiny_jit.py", prepared_dir, 4, 2, "jit")
+  port = _free_port()
+  two = str(tmp_path / "two_processes")
+  one_device = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  processes = [_run(config_file, two, extra=[f"--coordinator=127.0.0.1:{port}",
+                                             "--num_processes=2", f"--process_id={i}"],
+                    env_update=one_device, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+               for i in range(2)]
+  logs = [p.communicate(timeout=600)[1] for p in processes]
+  for p, log in zip(processes, logs):
+    assert p.returncode == 0, log[-3000:]
+    assert "devices: 1 local (cpu), 2 processes; parallel=jit" in log
+  checksums = [re.search(r"parameter checksum (\w+) \(process (\d) of 2\)", log).groups()
+               for log in logs]
+  assert {c[1] for c in checksums} == {"0", "1"}
+  assert checksums[0][0] == checksums[1][0]          # identical parameters in both processes
+  # One process with two devices sees the same global batches.
+  one = str(tmp_path / "one_process")
+  result = _run(config_file, one, env_update={
+      "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "devices: 2 local (cpu), 1 processes; parallel=jit" in result.stderr
+  state_two, meta_two = _final_state(two, 4)
+  state_one, meta_one = _final_state(one, 4)
+  assert meta_two["iterator"] == meta_one["iterator"]
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+                         state_two["params"], state_one["params"])
+  assert meta_two["dev_loss"] == pytest.approx(meta_one["dev_loss"], rel=1e-5)
