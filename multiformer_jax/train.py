@@ -301,7 +301,7 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
       log.info("step %d: dev loss %.4f, dev ppl %.2f; checkpoint saved", step,
                dev["dev_loss"], dev["dev_ppl"])
     faults.fault_point(f"{stage}.update", step)               # tests: killed after an update
-    if stop.requested:
+    if _stop_agreed(stop, step, config.train.log_every):
       logger.flush(step)
       if step not in checkpoints.steps():
         checkpoints.save(step, dp.unreplicate(state), {
@@ -309,6 +309,18 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
             "model": model.config.to_dict(), "saved_on": "SIGTERM"})
       raise faults.Preempted(stage, step)
   return step, state
+
+
+def _stop_agreed(stop: faults.StopRequest, step: int, every: int) -> bool:
+  """Whether to stop after this update. With several processes they must stop at the same
+  update, so they agree (an all-gather of the flags) every `every` updates, when the loop
+  synchronises for logging anyway."""
+  if jax.process_count() == 1:
+    return stop.requested
+  if step % every:
+    return False
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return bool(np.any(multihost_utils.process_allgather(np.array(stop.requested))))
 
 
 def ensure_prepared(config, log: logging.Logger):
@@ -336,6 +348,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
   """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation."""
   from multiformer_jax import evaluate  # pylint: disable=import-outside-toplevel
   log = logging.getLogger("multiformer_jax")
+  bad_stages = [s for s in config.train.stages if s not in ip.TASKS]
+  if bad_stages or not config.train.stages:
+    raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
+                     f"valid stages: {ip.TASKS}")
   if jax.process_index() == 0:
     ckpt_lib.save_config(workdir, config)
   ensure_prepared(config, log)
@@ -344,8 +360,6 @@ def train_and_evaluate(config, workdir: str) -> dict:
            jax.local_devices()[0].platform, jax.process_count(), dp.mode)
   results = {}
   for stage in config.train.stages:
-    if stage not in ip.TASKS:
-      raise ValueError(f"train.stages contains {stage!r}; valid stages: {ip.TASKS}")
     results[stage] = {"train": run_stage(config, stage, workdir, dp)}
   if config.eval.after_training and jax.process_index() == 0:
     for stage in config.train.stages:

@@ -346,3 +346,30 @@ def test_two_processes_train_together_like_one_process_with_the_same_global_batc
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                          state_two["params"], state_one["params"])
   assert meta_two["dev_loss"] == pytest.approx(meta_one["dev_loss"], rel=1e-5)
+
+
+def test_unprepared_data_and_impossible_batches_are_named(prepared, tmp_path):
+  _, prepared_dir = prepared
+  with pytest.raises(FileNotFoundError, match="is not a prepared corpus.*data_prep.prepare"):
+    ip.SplitData(ip.PipelineConfig(str(tmp_path)), "train")
+  with pytest.raises(ValueError, match=r"split 'tst-COMMON' was not prepared.*\['dev', "
+                                       r"'train'\]"):
+    ip.SplitData(ip.PipelineConfig(prepared_dir), "tst-COMMON")
+  data = ip.SplitData(ip.PipelineConfig(prepared_dir, max_frames=100), "dev")
+  with pytest.raises(ValueError, match=r"data.max_frames=100 cannot hold 1 utterances of "
+                                       r"\d+ frames.*raise data.max_frames to at least"):
+    ip.Batcher(data, False)
+  with pytest.raises(ValueError, match="data.cmvn='mean'; valid"):
+    ip.PipelineConfig(prepared_dir, cmvn="mean")
+  config = tiny_config(prepared_dir)
+  config.train.stages = ("asr", "mt")
+  with pytest.raises(ValueError, match=r"train.stages contains 'mt'; valid stages: "
+                                       r"\('asr', 'st'\)"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()               # rejected before anything ran
+
+
+def test_incomplete_multi_process_flags_are_named(config_file, tmp_path):
+  result = _run(config_file, str(tmp_path), extra=["--coordinator=127.0.0.1:1"])
+  assert result.returncode != 0
+  assert "--coordinator, --num_processes and --process_id go together" in result.stderr
