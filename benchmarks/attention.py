@@ -1,0 +1,103 @@
+"""Attention kinds: fwd+bwd time, XLA compiled temporary memory and FLOPs against n.
+
+    python benchmarks/attention.py --out docs/benchmarks/attention.jsonl \
+        [--lengths 256,512,1024,2048,4096,8192] [--batch 8] [--heads 4] [--head_dim 64]
+
+Every kind runs on the same q, k, v ([batch, n, heads, head_dim], every position valid), as
+jit(grad(sum(attention(q, k, v)))) with respect to q, k, v (and the conv weights). The
+references are the dense masked computation a JAX user would write for a window
+(`jax.nn.dot_product_attention(local_window_size=...)`, which forms the n x n matrix under a
+mask) and dense full attention; they are skipped above --max_dense_n (their n^2 temporaries).
+Results are JSON lines: kind, n, seconds, temp_bytes, flops. `benchmarks/report.py` turns them
+into docs/benchmarks.md tables and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Results, compiled, machine, time_call  # noqa: E402
+from multiformer_jax.attention.conv import ConvAttention  # noqa: E402
+from multiformer_jax.attention.full import softmax_attention  # noqa: E402
+from multiformer_jax.attention.kernel import favor_attention, orthogonal_gaussian_features  # noqa: E402,E501
+from multiformer_jax.attention.local import local_attention  # noqa: E402
+
+LOCAL_WINDOWS = (5, 17, 33, 65, 129)
+
+
+def kinds(head_dim: int, window_for_dense: int):
+  """name -> (fn(params, q, k, v, mask) -> out, params or None, is_dense)."""
+  projection = orthogonal_gaussian_features(jax.random.PRNGKey(0), 256, head_dim)
+  table = {
+      f"dense_masked({window_for_dense})": (
+          lambda p, q, k, v, m: jax.nn.dot_product_attention(
+              q, k, v, local_window_size=(window_for_dense // 2, window_for_dense // 2)),
+          None, True),
+      "full": (lambda p, q, k, v, m: softmax_attention(q, k, v, m[:, None, None, :])[0],
+               None, True),
+  }
+  for w in LOCAL_WINDOWS:
+    table[f"local({w})"] = (lambda p, q, k, v, m, w=w: local_attention(q, k, v, m, w), None,
+                            False)
+  table["local(33,2)"] = (lambda p, q, k, v, m: local_attention(q, k, v, m, 33, 2), None, False)
+  table["kernel(256)"] = (lambda p, q, k, v, m: favor_attention(q, k, v, m, projection), None,
+                          False)
+  for kernel, stride in ((5, 2), (7, 3)):
+    module = ConvAttention(kernel, stride)
+    dummy = jnp.zeros((1, 16, 1, head_dim))
+    params = module.init(jax.random.PRNGKey(0), dummy, dummy, dummy,
+                         jnp.ones((1, 16), bool))["params"]
+    table[f"conv({kernel},{stride})"] = (
+        lambda p, q, k, v, m, module=module: module.apply({"params": p}, q, k, v, m),
+        params, False)
+  return table
+
+
+def fwd_bwd(fn):
+  def loss(params, q, k, v, mask):
+    return jnp.sum(fn(params, q, k, v, mask).astype(jnp.float32))
+  return jax.grad(loss, argnums=(0, 1, 2, 3))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default="docs/benchmarks/attention.jsonl")
+  parser.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--heads", type=int, default=4)
+  parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--max_dense_n", type=int, default=4096)
+  parser.add_argument("--dense_window", type=int, default=129,
+                      help="the window of the dense masked reference (129 = +-64)")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--only", default="", help="comma-separated kinds (default: all)")
+  args = parser.parse_args(argv)
+  lengths = [int(n) for n in args.lengths.split(",")]
+  table = kinds(args.head_dim, args.dense_window)
+  chosen = [k for k in table if not args.only or k in args.only.split(",")]
+  results = Results(args.out, {**machine(), "batch": args.batch, "heads": args.heads,
+                               "head_dim": args.head_dim, "command": " ".join(sys.argv)})
+  rng = np.random.default_rng(0)
+  for n in lengths:
+    shape = (args.batch, n, args.heads, args.head_dim)
+    q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for _ in range(3))
+    mask = jnp.ones((args.batch, n), bool)
+    for name in chosen:
+      fn, params, dense = table[name]
+      if dense and n > args.max_dense_n:
+        results.add(kind=name, n=n, skipped=f"n > --max_dense_n={args.max_dense_n}")
+        continue
+      exe, stats = compiled(fwd_bwd(fn), params, q, k, v, mask)
+      seconds = time_call(exe, params, q, k, v, mask, repeats=args.repeats)
+      results.add(kind=name, n=n, seconds=round(seconds, 5), **stats)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,94 @@
+"""Beam search speed: the cached decoder against recomputing the prefix at every step.
+
+    python benchmarks/decode.py --out docs/benchmarks/decode.jsonl [--config s2t_transformer_s]
+        [--batch 8] [--frames 1000] [--tokens 50] [--beam 5]
+
+Both run the same `multiformer_jax.decode.beam_search` (fairseq semantics) on the same model
+(random weights of the named config, vocabulary 8000) and utterances; the hypothesis length is
+fixed by max_len = `--tokens` (EOS forced after it; a random model almost never ends earlier,
+and the output lengths are reported). "cached" is the toolkit's decoder: cross-attention keys
+and values once per utterance, self-attention keys and values cached per step. "recompute"
+keeps only the token prefix and runs the whole decoder over it at every step (padded to the
+static maximum length, as jit requires), taking the last position's logits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Results, machine, time_call  # noqa: E402
+from multiformer_jax import build_model, decode, init_params  # noqa: E402
+from multiformer_jax.evaluate import make_translate  # noqa: E402
+
+
+def make_recompute_translate(model, beam: int, tokens: int):
+  cfg = model.config
+
+  def translate(params, features, lengths):
+    variables = {"params": params}
+    encoded, mask = model.apply(variables, features, lengths, method=model.encode)
+    batch = features.shape[0]
+    encoded = jnp.repeat(encoded, beam, axis=0)                  # [batch * beam, src, d]
+    mask = jnp.repeat(mask, beam, axis=0)
+    max_steps = tokens + 1
+
+    def step_fn(current, index, prefix):                           # prefix: [n, max_steps]
+      prefix = prefix.at[:, index].set(current[:, 0])
+      logits = model.apply(variables, prefix, encoded, mask, method=model.decode)
+      return logits[:, index], prefix
+
+    prefix = jnp.full((batch * beam, max_steps), cfg.pad_id, jnp.int32)
+    max_lengths = jnp.full((batch,), tokens, jnp.int32)
+    out, _ = decode.beam_search(step_fn, prefix, batch, beam, max_steps, max_lengths,
+                                cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id, 1.0)
+    return out
+  return jax.jit(translate)
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default="docs/benchmarks/decode.jsonl")
+  parser.add_argument("--config", default="s2t_transformer_s")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--frames", type=int, default=1000)
+  parser.add_argument("--tokens", type=int, default=50)
+  parser.add_argument("--beam", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args(argv)
+  config = importlib.import_module(f"configs.{args.config}").get_config()
+  config.model.vocab_size = 8000
+  model = build_model(config)
+  params = init_params(model, jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  features = jnp.asarray(rng.normal(size=(args.batch, args.frames, config.model.input_dim)),
+                         jnp.float32)
+  lengths = jnp.full((args.batch,), args.frames, jnp.int32)
+  results = Results(args.out, {**machine(), **vars(args), "command": " ".join(sys.argv)})
+  variants = {
+      # max_len = 0 * frames + tokens: exactly `tokens` steps unless EOS comes first.
+      "cached": make_translate(model, args.beam, 1.0, 0.0, args.tokens),
+      "recompute": make_recompute_translate(model, args.beam, args.tokens),
+  }
+  outputs = {}
+  for name, translate in variants.items():
+    seconds = time_call(translate, params, features, lengths, repeats=args.repeats)
+    out = np.asarray(translate(params, features, lengths))
+    outputs[name] = out
+    results.add(variant=name, seconds=round(seconds, 4),
+                sentences_per_s=round(args.batch / seconds, 3),
+                mean_output_tokens=float((out != config.model.pad_id).sum(1).mean()))
+  same = bool(np.array_equal(outputs["cached"][:, :args.tokens],
+                             outputs["recompute"][:, :args.tokens]))
+  results.add(variant="check", identical_hypotheses=same)
+
+
+if __name__ == "__main__":
+  main()

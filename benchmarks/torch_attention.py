@@ -1,0 +1,107 @@
+"""The PyTorch references of benchmarks/attention.py, run side by side on the same machine:
+lucidrains `local-attention` (exact +-64 window) and `performer-pytorch` (256 features).
+
+Needs an environment with torch, local-attention and performer-pytorch (not the toolkit's;
+torch is not a dependency of multiformer-jax):
+
+    python -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch local-attention \
+        performer-pytorch
+    /tmp/torchenv/bin/python benchmarks/torch_attention.py --out docs/benchmarks/torch_attention.jsonl
+
+Each (kind, n) runs in a fresh subprocess, so its memory figure is the growth of the peak
+resident set over the inputs (ru_maxrss after fwd+bwd minus before), the closest CPU analogue
+of XLA's compiled temporaries. Time is the median fwd+bwd of `--repeats` runs after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+CHILD = r"""
+import json, statistics, sys, time
+import torch
+kind, n, batch, heads, head_dim, repeats = sys.argv[1], *map(int, sys.argv[2:7])
+torch.manual_seed(0)
+shape = (batch, heads, n, head_dim)
+q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+if kind == "lucidrains_local(129)":
+    from local_attention import LocalAttention
+    attn = LocalAttention(window_size=64, causal=False, look_backward=1, look_forward=1,
+                          exact_windowsize=True, autopad=True, dim=head_dim)
+    fn = lambda: attn(q, k, v)
+elif kind == "performer(256)":
+    from performer_pytorch import FastAttention
+    attn = FastAttention(dim_heads=head_dim, nb_features=256, causal=False)
+    fn = lambda: attn(q, k, v)
+else:
+    raise SystemExit(f"unknown kind {kind}")
+def step():
+    out = fn()
+    out.sum().backward()
+    q.grad = k.grad = v.grad = None
+step()
+times = []
+for _ in range(repeats):
+    t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
+print(json.dumps({"seconds": statistics.median(times), "torch": torch.__version__,
+                  "threads": torch.get_num_threads()}))
+"""
+
+PEAK = r"""
+import json, resource, sys
+import torch
+kind, n, batch, heads, head_dim = sys.argv[1], *map(int, sys.argv[2:6])
+torch.manual_seed(0)
+shape = (batch, heads, n, head_dim)
+q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
+if kind == "lucidrains_local(129)":
+    from local_attention import LocalAttention
+    attn = LocalAttention(window_size=64, causal=False, look_backward=1, look_forward=1,
+                          exact_windowsize=True, autopad=True, dim=head_dim)
+else:
+    from performer_pytorch import FastAttention
+    attn = FastAttention(dim_heads=head_dim, nb_features=256, causal=False)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+attn(q, k, v).sum().backward()
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print(json.dumps({"peak_growth_bytes": (after - before) * 1024}))
+"""
+
+
+def run(code: str, *args) -> dict:
+  result = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True,
+                          text=True, check=False)
+  if result.returncode:
+    raise RuntimeError(result.stderr[-2000:])
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default="docs/benchmarks/torch_attention.jsonl")
+  parser.add_argument("--lengths", default="256,512,1024,2048,4096,8192")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--heads", type=int, default=4)
+  parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--repeats", type=int, default=3)
+  args = parser.parse_args(argv)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out, "w", encoding="utf-8") as f:
+    f.write(json.dumps({"meta": {"command": " ".join(sys.argv), "batch": args.batch,
+                                 "heads": args.heads, "head_dim": args.head_dim}}) + "\n")
+  for n in map(int, args.lengths.split(",")):
+    for kind in ("lucidrains_local(129)", "performer(256)"):
+      timing = run(CHILD, kind, n, args.batch, args.heads, args.head_dim, args.repeats)
+      memory = run(PEAK, kind, n, args.batch, args.heads, args.head_dim)
+      row = {"kind": kind, "n": n, **timing, **memory}
+      print(json.dumps(row), flush=True)
+      with open(args.out, "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,127 @@
+"""Training-step throughput and memory of whole models.
+
+    python benchmarks/train_step.py --out docs/benchmarks/train_step.jsonl \
+        [--configs s2t_transformer_s,s2t_v2,h_lc_nodown,multiformer_s_nodown]
+
+For each config (vocabulary 8000, dropout as configured): one full update (fwd + bwd + clip
++ Adam, the toolkit's own jitted train step) on a batch of `--batch` utterances of `--frames`
+frames and `--tokens` target tokens: seconds per step, frames/s, XLA's FLOPs of the step, and
+utilisation = FLOPs / step time / the matmul peak measured by this script on this machine.
+Then the compiled memory (temporaries + arguments + outputs, `memory_analysis`, compile only)
+of a batch of `--memory_batch` x `--memory_frames` frames (20 000 frames by default) for the
+same configs plus their full-attention baselines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Results, machine, matmul_peak  # noqa: E402
+from multiformer_jax import build_model, train  # noqa: E402
+from multiformer_jax.parallel import DataParallel  # noqa: E402
+
+
+def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int):
+  rng = np.random.default_rng(0)
+  return {"features": rng.normal(size=(batch, frames, input_dim)).astype(np.float32),
+          "lengths": np.full(batch, frames, np.int32),
+          "prev_tokens": rng.integers(4, vocab, size=(batch, tokens)).astype(np.int32),
+          "targets": rng.integers(4, vocab, size=(batch, tokens)).astype(np.int32),
+          "weights": np.ones(batch, np.float32)}
+
+
+def load_config(name: str, dtype: str):
+  config = importlib.import_module(f"configs.{name}").get_config()
+  config.model.vocab_size = 8000
+  config.model.dtype = dtype
+  return config
+
+
+def setup(config):
+  model = build_model(config)
+  tx, schedule = train.make_optimizer(config.train, config.st)
+  dp = DataParallel("jit")
+  step, _ = train.make_steps(model, tx, schedule, dp, config.train.label_smoothing)
+  state = dp.replicate(train.create_state(model, tx, jax.random.PRNGKey(0)))
+  return model, step, state, dp
+
+
+def step_cost(step, state, batch):
+  exe = step.lower(state, batch, True).compile()
+  cost = exe.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  memory = exe.memory_analysis()
+  return float(cost.get("flops", 0.0)), memory
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", default="docs/benchmarks/train_step.jsonl")
+  parser.add_argument("--configs", default="s2t_transformer_s,s2t_v2,h_lc_nodown,"
+                                           "multiformer_s_nodown")
+  parser.add_argument("--batch", type=int, default=8)
+  parser.add_argument("--frames", type=int, default=1000)
+  parser.add_argument("--tokens", type=int, default=50)
+  parser.add_argument("--steps", type=int, default=5, help="timed steps after 2 warm-up steps")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--memory_batch", type=int, default=8)
+  parser.add_argument("--memory_frames", type=int, default=2500)
+  parser.add_argument("--memory_configs", default="h_lc_nodown,multiformer_s_nodown,"
+                                                  "s2t_transformer_s_nodown")
+  parser.add_argument("--skip_timing", action="store_true")
+  args = parser.parse_args(argv)
+  peak = matmul_peak(dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
+  results = Results(args.out, {**machine(), **vars(args), "matmul_peak_flops": peak,
+                               "command": " ".join(sys.argv)})
+  print(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s", flush=True)
+  if not args.skip_timing:
+    for name in args.configs.split(","):
+      config = load_config(name, args.dtype)
+      model, step, state, dp = setup(config)
+      batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
+                                  config.model.input_dim, 8000))
+      t0 = time.perf_counter()
+      flops, _ = step_cost(step, state, batch)
+      compile_s = time.perf_counter() - t0
+      for _ in range(2):
+        state, metrics = step(state, batch, True)
+      jax.block_until_ready(metrics)
+      t0 = time.perf_counter()
+      for _ in range(args.steps):
+        state, metrics = step(state, batch, True)
+      jax.block_until_ready(metrics)
+      seconds = (time.perf_counter() - t0) / args.steps
+      frames = args.batch * args.frames
+      results.add(config=name, layout=config.model.encoder_layout, seconds=round(seconds, 4),
+                  frames_per_s=round(frames / seconds, 1), flops=flops,
+                  utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
+                  loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
+  for name in args.memory_configs.split(","):
+    config = load_config(name, args.dtype)
+    _, step, state, dp = setup(config)
+    batch = jax.tree_util.tree_map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+        make_batch(args.memory_batch, args.memory_frames, 2 * args.tokens,
+                   config.model.input_dim, 8000))
+    abstract_state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                            state)
+    _, memory = step_cost(step, abstract_state, batch)
+    total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + \
+        memory.output_size_in_bytes - memory.alias_size_in_bytes
+    results.add(config=name, layout=config.model.encoder_layout,
+                memory_batch=f"{args.memory_batch} x {args.memory_frames} frames",
+                temp_bytes=int(memory.temp_size_in_bytes),
+                total_bytes=int(total), total_gib=round(total / 2 ** 30, 2))
+
+
+if __name__ == "__main__":
+  main()
