@@ -346,7 +346,8 @@ def main(argv=None):
                             example=args.example, residual=not args.no_residual,
                             command="python -m multiformer_jax.analyze " + " ".join(
                                 argv if argv is not None else sys.argv[1:]), **common)
-    print(open(result["paths"]["table"], encoding="utf-8").read())
+    with open(result["paths"]["table"], encoding="utf-8") as f:
+      print(f.read())
     print("layout:", result["layout"])
   print(json.dumps(result["paths"], indent=1))
 

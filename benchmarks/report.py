@@ -1,0 +1,266 @@
+"""Turns the benchmark results (JSON lines in docs/benchmarks/) into docs/benchmarks.md and
+its plots: every figure with the command that measured it, the machine and the date, and each
+target of the performance issue checked against the numbers of one run.
+
+    python benchmarks/report.py [--dir docs/benchmarks] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402  pylint: disable=wrong-import-position
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import read_results  # noqa: E402
+
+MIB = 2 ** 20
+
+
+def _load(directory, name):
+  path = os.path.join(directory, name)
+  if not os.path.exists(path):
+    return None, []
+  if name.startswith("fairseq"):
+    with open(path, encoding="utf-8") as f:
+      rows = [json.loads(l) for l in f if l.strip()]
+    return {}, rows
+  return read_results(path)
+
+
+def _table(header, rows):
+  lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+  lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def _machine(meta):
+  return (f"{meta.get('cpu', '?')} ({meta.get('cpu_count', '?')} cores, "
+          f"{meta.get('platform', '?')}, {meta.get('devices', '?')} device), jax "
+          f"{meta.get('jax', '?')}, Python {meta.get('python', '?')}, {meta.get('date', '?')}")
+
+
+def _verdict(ok):
+  return "met" if ok else "**not met**"
+
+
+def attention_section(directory, plot_dir):
+  meta, rows = _load(directory, "attention.jsonl")
+  if not rows:
+    return "", []
+  _, torch_rows = _load(directory, "torch_attention.jsonl")
+  measured = [r for r in rows if "seconds" in r]
+  kinds = list(dict.fromkeys(r["kind"] for r in rows))
+  lengths = sorted({r["n"] for r in rows})
+  get = {(r["kind"], r["n"]): r for r in measured}
+  tget = {(r["kind"], r["n"]): r for r in torch_rows}
+  torch_kinds = list(dict.fromkeys(r["kind"] for r in torch_rows))
+
+  def cell(kind, n, key, scale=1.0, fmt="{:.3f}"):
+    r = get.get((kind, n)) or tget.get((kind, n))
+    return fmt.format(r[key] / scale) if r and key in r else "—"
+
+  time_rows = [[k] + [cell(k, n, "seconds") for n in lengths] for k in kinds + torch_kinds]
+  mem_rows = [[k] + [cell(k, n, "temp_bytes", MIB, "{:.0f}") for n in lengths] for k in kinds]
+  mem_rows += [[k + " (RSS growth)"] + [cell(k, n, "peak_growth_bytes", MIB, "{:.0f}")
+                                         for n in lengths] for k in torch_kinds]
+  flop_rows = [[k] + [cell(k, n, "flops", 1e9, "{:.1f}") for n in lengths] for k in kinds]
+  header = ["kind"] + [f"n={n}" for n in lengths]
+
+  for key, ylabel, name, scale in (("seconds", "fwd+bwd seconds", "attention_time.png", 1),
+                                   ("temp_bytes", "XLA temporaries (MiB)",
+                                    "attention_memory.png", MIB)):
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for kind in kinds + (torch_kinds if key == "seconds" else []):
+      points = [(n, (get.get((kind, n)) or tget.get((kind, n)))[key] / scale) for n in lengths
+                if (get.get((kind, n)) or tget.get((kind, n)) or {}).get(key) is not None]
+      if points:
+        ax.plot(*zip(*points), marker="o", label=kind,
+                linestyle="--" if kind in torch_kinds else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length n")
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"batch {meta['batch']}, {meta['heads']} heads x {meta['head_dim']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(plot_dir, name), dpi=110)
+    plt.close(fig)
+
+  targets = []
+  local, dense = get.get(("local(129)", 4096)), get.get(("dense_masked(129)", 4096))
+  if local and dense:
+    speed = dense["seconds"] / local["seconds"]
+    memory = local["temp_bytes"] / dense["temp_bytes"]
+    targets.append(["local(129) vs dense masked, n=4096: >= 15x faster",
+                    f"{speed:.1f}x", _verdict(speed >= 15)])
+    targets.append(["local(129) vs dense masked, n=4096: <= 1/8 of the temporaries",
+                    f"{memory:.3f} ({local['temp_bytes'] / MIB:.0f} vs "
+                    f"{dense['temp_bytes'] / MIB:.0f} MiB)", _verdict(memory <= 1 / 8)])
+  for kind in ("local(129)", "local(33)", "kernel(256)"):
+    a, b = get.get((kind, 1024)), get.get((kind, 8192))
+    if a and b:
+      growth = b["temp_bytes"] / a["temp_bytes"]
+      targets.append([f"{kind} temporaries n=1024 -> 8192: <= 9x", f"{growth:.2f}x",
+                      _verdict(growth <= 9)])
+  lucid = tget.get(("lucidrains_local(129)", 4096))
+  if local and lucid:
+    speed = lucid["seconds"] / local["seconds"]
+    memory = local["temp_bytes"] / lucid["peak_growth_bytes"]
+    targets.append(["local(129) vs lucidrains local-attention, n=4096: >= 1.5x faster",
+                    f"{speed:.2f}x ({local['seconds']:.3f} vs {lucid['seconds']:.3f} s)",
+                    _verdict(speed >= 1.5)])
+    targets.append(["local(129) vs lucidrains, n=4096: <= 1/2 of its memory",
+                    f"{memory:.2f} ({local['temp_bytes'] / MIB:.0f} MiB XLA temporaries vs "
+                    f"{lucid['peak_growth_bytes'] / MIB:.0f} MiB RSS growth)",
+                    _verdict(memory <= 0.5)])
+  kernel, performer = get.get(("kernel(256)", 4096)), tget.get(("performer(256)", 4096))
+  if kernel and performer:
+    speed = performer["seconds"] / kernel["seconds"]
+    targets.append(["kernel(256) vs performer-pytorch, n=4096: >= 3x faster",
+                    f"{speed:.2f}x ({kernel['seconds']:.3f} vs {performer['seconds']:.3f} s)",
+                    _verdict(speed >= 3)])
+  torch_meta = ""
+  if torch_rows:
+    torch_meta = (f" PyTorch references: torch {torch_rows[0].get('torch')}, "
+                  f"{torch_rows[0].get('threads')} threads, in a separate environment.")
+  text = f"""## Attention kinds
+
+Machine: {_machine(meta)}.{torch_meta}
+Command: `{meta['command']}`; PyTorch: `python benchmarks/torch_attention.py` (in an
+environment with torch, local-attention 1.11.2 and performer-pytorch 1.1.4).
+fwd+bwd of sum(attention(q, k, v)), batch {meta['batch']}, {meta['heads']} heads x
+{meta['head_dim']} dims, all positions valid; median of 3 after a warm-up.
+`dense_masked(129)` is `jax.nn.dot_product_attention(local_window_size=(64, 64))`.
+
+Seconds:
+
+{_table(header, time_rows)}
+
+XLA compiled temporaries (MiB; PyTorch rows: growth of the peak resident set):
+
+{_table(header, mem_rows)}
+
+XLA FLOPs (G):
+
+{_table(header, flop_rows)}
+
+![time](benchmarks/attention_time.png)
+![memory](benchmarks/attention_memory.png)
+"""
+  return text, targets
+
+
+def decode_section(directory):
+  meta, rows = _load(directory, "decode.jsonl")
+  if not rows:
+    return "", []
+  by = {r["variant"]: r for r in rows}
+  table = _table(["variant", "seconds per batch", "sentences/s", "mean output tokens"],
+                 [[v, by[v]["seconds"], by[v]["sentences_per_s"], by[v]["mean_output_tokens"]]
+                  for v in ("cached", "recompute") if v in by])
+  speed = by["cached"]["sentences_per_s"] / by["recompute"]["sentences_per_s"]
+  same = by.get("check", {}).get("identical_hypotheses")
+  text = f"""## Beam search: cache against recomputing the prefix
+
+Machine: {_machine(meta)}. Command: `{meta['command']}`
+({meta['config']}, random weights, vocabulary 8000, {meta['batch']} utterances x
+{meta['frames']} frames, beam {meta['beam']}, {meta['tokens']} target tokens).
+Identical hypotheses from both: {same}.
+
+{table}
+"""
+  return text, [[f"beam {meta['beam']} with the cache vs recompute at {meta['tokens']} tokens: "
+                 ">= 3x", f"{speed:.1f}x", _verdict(speed >= 3)]]
+
+
+def train_section(directory):
+  meta, rows = _load(directory, "train_step.jsonl")
+  if not rows:
+    return "", []
+  _, fairseq_rows = _load(directory, "fairseq_train_step.jsonl")
+  timed = [r for r in rows if "frames_per_s" in r]
+  memory = [r for r in rows if "total_bytes" in r]
+  peak = meta["matmul_peak_flops"]
+  table = _table(["config", "encoder layout", "s/step", "frames/s", "GFLOP/step",
+                  "utilisation", "compile s"],
+                 [[r["config"], f"`{r['layout']}`", r["seconds"], r["frames_per_s"],
+                   f"{r['flops'] / 1e9:.0f}", f"{100 * r['utilisation']:.1f}%", r["compile_s"]]
+                  for r in timed])
+  fairseq_text = ""
+  targets = []
+  ours = next((r for r in timed if r["config"] == "s2t_transformer_s"), None)
+  if fairseq_rows:
+    fs = fairseq_rows[0]
+    fairseq_text = (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads), same "
+                    f"batch, side by side: {fs['seconds']} s/step, {fs['frames_per_s']} "
+                    f"frames/s. Command: `{fs['command']}`.\n")
+    if ours:
+      ratio = ours["frames_per_s"] / fs["frames_per_s"]
+      fs_util = ours["flops"] / fs["seconds"] / peak
+      fairseq_text += (f"fairseq's utilisation with the same FLOP count: "
+                       f"{100 * fs_util:.1f}%.\n")
+      targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq, same machine",
+                      f"{ratio:.2f}x", _verdict(ratio >= 1.2)])
+  if ours:
+    targets.append(["s2t_transformer_s train step >= 60% of the matmul peak",
+                    f"{100 * ours['utilisation']:.1f}%", _verdict(ours["utilisation"] >= 0.6)])
+  mem_table = _table(["config", "encoder layout", "batch", "XLA temporaries GiB",
+                      "total compiled GiB"],
+                     [[r["config"], f"`{r['layout']}`", r["memory_batch"],
+                       f"{r['temp_bytes'] / 2 ** 30:.2f}", r["total_gib"]] for r in memory])
+  for r in memory:
+    if "nodown" in r["config"] and "transformer" not in r["config"]:
+      targets.append([f"{r['config']}: a 20 000-frame batch within 11 GiB",
+                      f"{r['total_gib']} GiB", _verdict(r["total_gib"] <= 11)])
+  text = f"""## Training step
+
+Machine: {_machine(meta)}; measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^2
+matmul, same script). Command: `{meta['command']}`.
+Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens, vocabulary
+8000, dropout as configured, one full update (fwd + bwd + clip + Adam);
+utilisation = XLA FLOPs of the step / step time / measured peak.
+
+{table}
+{fairseq_text}
+Compiled memory of one update on {memory[0]['memory_batch'] if memory else '?'} (compile only,
+`memory_analysis`: temporaries + arguments + outputs - aliased):
+
+{mem_table}
+"""
+  return text, targets
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--dir", default="docs/benchmarks")
+  parser.add_argument("--out", default="docs/benchmarks.md")
+  args = parser.parse_args(argv)
+  sections, targets = [], []
+  for text, rows in (attention_section(args.dir, args.dir), train_section(args.dir),
+                     decode_section(args.dir)):
+    if text:
+      sections.append(text)
+      targets += rows
+  header = """# Benchmarks
+
+Generated by `python benchmarks/report.py` from the JSON lines in `docs/benchmarks/`, each
+written by the command quoted in its section. Rerun a script, then the report, to update.
+
+## Targets (from the performance issue), checked on the numbers below
+
+"""
+  text = header + _table(["target", "measured", "verdict"], targets) + "\n\n" + \
+      "\n".join(sections)
+  with open(args.out, "w", encoding="utf-8") as f:
+    f.write(text)
+  print(text)
+
+
+if __name__ == "__main__":
+  main()
