@@ -22,9 +22,9 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, statistics, sys, time
+import json, resource, statistics, sys, time
 import torch
-kind, n, batch, heads, head_dim, repeats = sys.argv[1], *map(int, sys.argv[2:7])
+mode, kind, n, batch, heads, head_dim, repeats = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:8])
 torch.manual_seed(0)
 shape = (batch, heads, n, head_dim)
 q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
@@ -32,43 +32,26 @@ if kind == "lucidrains_local(129)":
     from local_attention import LocalAttention
     attn = LocalAttention(window_size=64, causal=False, look_backward=1, look_forward=1,
                           exact_windowsize=True, autopad=True, dim=head_dim)
-    fn = lambda: attn(q, k, v)
 elif kind == "performer(256)":
     from performer_pytorch import FastAttention
     attn = FastAttention(dim_heads=head_dim, nb_features=256, causal=False)
-    fn = lambda: attn(q, k, v)
 else:
     raise SystemExit(f"unknown kind {kind}")
 def step():
-    out = fn()
-    out.sum().backward()
+    attn(q, k, v).sum().backward()
     q.grad = k.grad = v.grad = None
-step()
-times = []
-for _ in range(repeats):
-    t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
-print(json.dumps({"seconds": statistics.median(times), "torch": torch.__version__,
-                  "threads": torch.get_num_threads()}))
-"""
-
-PEAK = r"""
-import json, resource, sys
-import torch
-kind, n, batch, heads, head_dim = sys.argv[1], *map(int, sys.argv[2:6])
-torch.manual_seed(0)
-shape = (batch, heads, n, head_dim)
-q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
-if kind == "lucidrains_local(129)":
-    from local_attention import LocalAttention
-    attn = LocalAttention(window_size=64, causal=False, look_backward=1, look_forward=1,
-                          exact_windowsize=True, autopad=True, dim=head_dim)
+if mode == "peak":   # a fresh process: the growth of the peak RSS over one fwd+bwd
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"peak_growth_bytes": (after - before) * 1024}))
 else:
-    from performer_pytorch import FastAttention
-    attn = FastAttention(dim_heads=head_dim, nb_features=256, causal=False)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-attn(q, k, v).sum().backward()
-after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"peak_growth_bytes": (after - before) * 1024}))
+    step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter(); step(); times.append(time.perf_counter() - t0)
+    print(json.dumps({"seconds": statistics.median(times), "torch": torch.__version__,
+                      "threads": torch.get_num_threads()}))
 """
 
 
@@ -95,8 +78,9 @@ def main(argv=None):
                                  "heads": args.heads, "head_dim": args.head_dim}}) + "\n")
   for n in map(int, args.lengths.split(",")):
     for kind in ("lucidrains_local(129)", "performer(256)"):
-      timing = run(CHILD, kind, n, args.batch, args.heads, args.head_dim, args.repeats)
-      memory = run(PEAK, kind, n, args.batch, args.heads, args.head_dim)
+      sizes = (n, args.batch, args.heads, args.head_dim, args.repeats)
+      timing = run(CHILD, "time", kind, *sizes)
+      memory = run(CHILD, "peak", kind, *sizes)
       row = {"kind": kind, "n": n, **timing, **memory}
       print(json.dumps(row), flush=True)
       with open(args.out, "a", encoding="utf-8") as f:
