@@ -45,6 +45,11 @@ def _machine(meta):
           f"{meta.get('jax', '?')}, Python {meta.get('python', '?')}, {meta.get('date', '?')}")
 
 
+def _cmd(command: str) -> str:
+  """The recorded argv as a command line to run from the repository root."""
+  return command if command.startswith(("python", "/")) else f"python {command}"
+
+
 def _verdict(ok):
   return "met" if ok else "**not met**"
 
@@ -132,7 +137,7 @@ def attention_section(directory, plot_dir):
   text = f"""## Attention kinds
 
 Machine: {_machine(meta)}.{torch_meta}
-Command: `{meta['command']}`; PyTorch: `python benchmarks/torch_attention.py` (in an
+Command: `{_cmd(meta['command'])}`; PyTorch: `python benchmarks/torch_attention.py` (in an
 environment with torch, local-attention 1.11.2 and performer-pytorch 1.1.4).
 fwd+bwd of sum(attention(q, k, v)), batch {meta['batch']}, {meta['heads']} heads x
 {meta['head_dim']} dims, all positions valid; median of 3 after a warm-up.
@@ -168,7 +173,7 @@ def decode_section(directory):
   same = by.get("check", {}).get("identical_hypotheses")
   text = f"""## Beam search: cache against recomputing the prefix
 
-Machine: {_machine(meta)}. Command: `{meta['command']}`
+Machine: {_machine(meta)}. Command: `{_cmd(meta['command'])}`
 ({meta['config']}, random weights, vocabulary 8000, {meta['batch']} utterances x
 {meta['frames']} frames, beam {meta['beam']}, {meta['tokens']} target tokens).
 Identical hypotheses from both: {same}.
@@ -199,7 +204,8 @@ def train_section(directory):
     fs = fairseq_rows[0]
     fairseq_text = (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads), same "
                     f"batch, side by side: {fs['seconds']} s/step, {fs['frames_per_s']} "
-                    f"frames/s. Command: `{fs['command']}`.\n")
+                    f"frames/s. Command: `/tmp/fsenv/bin/{_cmd(fs['command'])}` (a torch + fairseq"
+                    f" environment).\n")
     if ours:
       ratio = ours["frames_per_s"] / fs["frames_per_s"]
       fs_util = ours["flops"] / fs["seconds"] / peak
@@ -221,7 +227,7 @@ def train_section(directory):
   text = f"""## Training step
 
 Machine: {_machine(meta)}; measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^2
-matmul, same script). Command: `{meta['command']}`.
+matmul, same script). Command: `{_cmd(meta['command'])}`.
 Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens, vocabulary
 8000, dropout as configured, one full update (fwd + bwd + clip + Adam);
 utilisation = XLA FLOPs of the step / step time / measured peak.
@@ -257,6 +263,10 @@ written by the command quoted in its section. Rerun a script, then the report, t
 """
   text = header + _table(["target", "measured", "verdict"], targets) + "\n\n" + \
       "\n".join(sections)
+  notes = os.path.join(os.path.dirname(args.out), "benchmarks_notes.md")
+  if os.path.exists(notes):
+    with open(notes, encoding="utf-8") as f:
+      text += "\n" + f.read()
   with open(args.out, "w", encoding="utf-8") as f:
     f.write(text)
   print(text)
