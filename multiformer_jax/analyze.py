@@ -63,16 +63,14 @@ def analyze_heads(run: internals.Run, out_dir: str, num_utterances: int = 100,
   os.makedirs(out_dir, exist_ok=True)
   layout = run.layout
   labels = [heads_lib.head_labels(layer) for layer in layout]
-  blocks = [heads_lib.head_weight_blocks(run.params, l, len(labels[l]))
-            for l in range(len(layout))]
+  blocks = heads_lib.layer_weight_blocks(run.params, layout)
   accumulator = heads_lib.HeadShareAccumulator()
-  count = 0
-  for _, layers in internals.per_utterance(run, num_utterances, batch_size, seed, False,
-                                           progress):
+  chosen = internals.sample_utterances(run.data, num_utterances, seed)
+  count = len(chosen)
+  for _, layers in internals.per_utterance(run, chosen, batch_size, False, progress):
     accumulator.add(layers)
-    count += 1
   output_share = accumulator.result()
-  weight_share = heads_lib.weight_norm_shares(run.params, layout)
+  weight_share = heads_lib.weight_norm_shares(blocks)
   tag = run.stage
   paths = {
       "W_o": plots.head_weight_distributions(blocks, labels, "W_o",
@@ -103,28 +101,30 @@ class ContributionStats:
 
   def __init__(self, threshold: float, patience_fraction: float):
     self.threshold, self.patience_fraction = threshold, patience_fraction
-    self.curves: list[list[np.ndarray]] = []
-    self.ccd: list[list[float]] = []
-    self.windows: list[list[int]] = []
+    self.curves: list[list[np.ndarray]] = []       # [layer][utterance] D(w) curve
+    self.windows: list[list[int]] = []             # [layer][utterance] Algorithm-1 window
+
+  @property
+  def count(self) -> int:
+    """Utterances added so far."""
+    return len(self.curves[0]) if self.curves else 0
 
   def add(self, layers: list[dict]):
     if not self.curves:
       self.curves = [[] for _ in layers]
-      self.ccd = [[] for _ in layers]
       self.windows = [[] for _ in layers]
     for l, layer in enumerate(layers):
       c = layer["contributions"]
-      curve = diag.diagonality_curve(c)
-      self.curves[l].append(curve)
-      self.ccd[l].append(float(curve.mean()))
+      self.curves[l].append(diag.diagonality_curve(c))
       self.windows[l].append(diag.select_window(c, self.threshold, self.patience_fraction))
 
   def ccd_mean_std(self):
-    return (np.array([np.mean(v) for v in self.ccd]), np.array([np.std(v) for v in self.ccd]))
+    ccd = [[diag.curve_area(curve) for curve in curves] for curves in self.curves]
+    return np.array([np.mean(v) for v in ccd]), np.array([np.std(v) for v in ccd])
 
   def contribution_loss(self, layer: int, window: int):
     """CL(l, w) over the utterances: (mean, std)."""
-    losses = [1.0 - curve[min(window, len(curve)) - 1] for curve in self.curves[layer]]
+    losses = [1.0 - diag.curve_at(curve, window) for curve in self.curves[layer]]
     return float(np.mean(losses)), float(np.std(losses))
 
 
@@ -138,8 +138,8 @@ def collect_contributions(run: internals.Run, num_utterances: int, batch_size: i
   chosen = internals.sample_utterances(run.data, num_utterances, seed)
   example_index = int(chosen[len(chosen) // 2 if example < 0 else min(example, len(chosen) - 1)])
   example_matrices = None
-  for index, layers in internals.per_utterance(run, num_utterances, batch_size, seed, True,
-                                               progress, residual):
+  for index, layers in internals.per_utterance(run, chosen, batch_size, True, progress,
+                                               residual):
     stats.add(layers)
     if index == example_index:
       example_matrices = [layer["contributions"] for layer in layers]
@@ -156,7 +156,7 @@ def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterance
     stats, matrices, index = collect_contributions(run, num_utterances, batch_size, seed,
                                                    example, progress=progress,
                                                    residual=residual)
-    count = len(stats.ccd[0])
+    count = stats.count
     utt = run.data.ids[index]
     paths[f"contributions_{run.stage}"] = plots.contribution_matrices(
         matrices, f"{run.stage.upper()} contributions, utterance {utt}"
@@ -181,14 +181,10 @@ def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterance
 # ----------------------------------------------------------------------------- windows
 def efficient_layout(table: list[dict]) -> str:
   """'3x(4*full) 1x(4*local(5)) ...' from the window table (equal consecutive layers merged)."""
-  layers = [f"{row['heads']}*full" if row["attention"] == "full"
-            else f"{row['heads']}*local({row['window']})" for row in table]
-  parts, start = [], 0
-  for i in range(1, len(layers) + 1):
-    if i == len(layers) or layers[i] != layers[start]:
-      parts.append(f"{i - start}x({layers[start]})")
-      start = i
-  return " ".join(parts)
+  return layout_lib.format_layout(tuple(
+      (layout_lib.HeadGroup(layout_lib.FullHeads() if row["attention"] == "full"
+                            else layout_lib.LocalHeads(row["window"]), row["heads"]),)
+      for row in table))
 
 
 def window_table(stats: ContributionStats, layout, full_cl_threshold: float,
@@ -263,7 +259,7 @@ def select_windows(run: internals.Run, out_dir: str, num_utterances: int = 400,
   stats, matrices, index = collect_contributions(run, num_utterances, batch_size, seed, example,
                                                  threshold, patience_fraction, progress,
                                                  residual)
-  count = len(stats.windows[0])
+  count = stats.count
   table = window_table(stats, run.layout, full_cl_threshold, full_layers)
   paths = {"table": write_table(table, os.path.join(out_dir, f"windows_{run.stage}"),
                                 f"Window selection: {_source(run, count)}, t={threshold}, "

@@ -33,9 +33,9 @@ def _block_outputs(model, params, features, lengths):
   def fn(m, features, lengths):
     x, mask = m.encoder.embed(features, lengths)
     out = []
-    for layer, layer_layout in zip(m.encoder.layers, m.config.layout):
+    for layer in m.encoder.layers:
       ln_x = layer.self_attn_layer_norm(x)
-      mixing, values, bias = contrib.attention_taps(layer.self_attn, ln_x, mask, layer_layout)
+      mixing, values, bias = contrib.attention_taps(layer.self_attn, ln_x, mask)
       out.append((contrib.reconstruct_block_output(mixing, values, bias, x),
                   x + layer.self_attn(ln_x, mask), mixing, values, x))
       x = layer(x, mask)
@@ -164,7 +164,8 @@ def test_wo_head_blocks_map_to_the_heads_of_a_mixed_layout():
   expected = np.abs(np.einsum("nc,cd->nd", np.asarray(z[0, :, 0]), w_o[:head_dim])).sum(-1)
   np.testing.assert_allclose(norms[:, 0], expected, rtol=1e-5)
   # Data-free shares: one row per layer, summing to one.
-  weight_shares = heads_lib.weight_norm_shares(params, model.config.layout)
+  weight_shares = heads_lib.weight_norm_shares(
+      heads_lib.layer_weight_blocks(params, model.config.layout))
   assert weight_shares["W_o"].shape == (3, 4)
   np.testing.assert_allclose(weight_shares["W_o"].sum(1), 1.0, rtol=1e-6)
 

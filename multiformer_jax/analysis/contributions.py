@@ -53,24 +53,22 @@ def conv_selection(length: int, compressed_len: int, kernel: int, stride: int):
   return (m * stride + tau - kernel // 2 == j).astype(jnp.float32)
 
 
-def attention_taps(attn, ln_x, mask, layer_layout: layout_lib.LayerLayout):
+def attention_taps(attn, ln_x, mask):
   """The decomposition of one bound MultiHeadMultiAttention applied to ln_x = LN(x).
 
   ln_x: [batch, n, d]; mask: [batch, n] bool. Returns (B [batch, taps, n, n],
   U [batch, taps, n, d], bias [batch, n, d]), all float32.
   """
   batch, length, d_model = ln_x.shape
-  heads, head_dim = attn.num_heads, attn.head_dim
-  v = attn.v_proj(ln_x).astype(jnp.float32).reshape(batch, length, heads, head_dim)
+  v = attn.split_heads(attn.v_proj, ln_x).astype(jnp.float32)          # [b, n, H, hd]
   out_params = attn.out_proj.variables["params"]
-  w_o = out_params["kernel"].astype(jnp.float32).reshape(heads, head_dim, d_model)
+  w_o = out_params["kernel"].astype(jnp.float32).reshape(attn.num_heads, attn.head_dim,
+                                                         d_model)
   bias = jnp.broadcast_to(out_params["bias"].astype(jnp.float32), (batch, length, d_model))
   weights = attn.token_weights(ln_x, mask)
-  mixing, values, start = [], [], 0
-  for group, module, group_weights in zip(layer_layout, attn.groups, weights):
-    heads_slice = slice(start, start + group.num_heads)
-    start += group.num_heads
-    v_h, w_o_h = v[:, :, heads_slice], w_o[heads_slice]     # [b, n, g, hd], [g, hd, d]
+  mixing, values = [], []
+  for (group, module, heads), group_weights in zip(attn.head_groups(), weights):
+    v_h, w_o_h = v[:, :, heads], w_o[heads]                  # [b, n, g, hd], [g, hd, d]
     group_weights = group_weights.astype(jnp.float32)        # [b, g, n, keys]
     if isinstance(group.kind, layout_lib.ConvHeads):
       kind = group.kind

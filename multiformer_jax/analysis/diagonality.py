@@ -32,16 +32,25 @@ def diagonality_curve(contributions: np.ndarray) -> np.ndarray:
   return cumulative[radius]
 
 
-def diagonality(contributions: np.ndarray, window: int) -> float:
-  """D(w, l) of one utterance."""
-  curve = diagonality_curve(contributions)
+def curve_at(curve: np.ndarray, window: int) -> float:
+  """D(w) read off a diagonality curve (windows past 2N see everything)."""
   return float(curve[min(window, len(curve)) - 1])
 
 
+def curve_area(curve: np.ndarray) -> float:
+  """CCD of a diagonality curve: the area under D(w) for w in [1, 2N], divided by the 2N
+  windows so that it lies in (0, 1] whatever the length (1 = all on the main diagonal)."""
+  return float(np.mean(curve))
+
+
+def diagonality(contributions: np.ndarray, window: int) -> float:
+  """D(w, l) of one utterance."""
+  return curve_at(diagonality_curve(contributions), window)
+
+
 def cumulative_contribution_diagonality(contributions: np.ndarray) -> float:
-  """CCD: the area under D(w) for w in [1, 2N], divided by the 2N windows so that it lies in
-  (0, 1] whatever the length (1 = all contribution on the main diagonal)."""
-  return float(np.mean(diagonality_curve(contributions)))
+  """CCD of one utterance (see curve_area)."""
+  return curve_area(diagonality_curve(contributions))
 
 
 def contribution_loss(contributions: np.ndarray, window: int) -> float:

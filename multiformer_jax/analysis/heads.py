@@ -15,16 +15,9 @@ import numpy as np
 from multiformer_jax import layout as layout_lib
 
 
-def stack_layers(rows) -> np.ndarray:
-  """[layers, max heads]; layers with fewer heads are padded with NaN (blank in the plots)."""
-  width = max(len(r) for r in rows)
-  return np.stack([np.pad(np.asarray(r, np.float64), (0, width - len(r)),
-                          constant_values=np.nan) for r in rows])
-
-
 def head_labels(layer_layout: layout_lib.LayerLayout) -> list[str]:
   """One label per head of a layer, e.g. ['local(65)', 'conv(5,2)', 'conv(5,2)', ...]."""
-  return [str(group.kind) for group in layer_layout for _ in range(group.num_heads)]
+  return [str(kind) for kind in layout_lib.layer_head_kinds(layer_layout)]
 
 
 def encoder_attention_params(params, layer: int):
@@ -42,16 +35,21 @@ def head_weight_blocks(params, layer: int, num_heads: int) -> dict[str, np.ndarr
           "W_v": np.moveaxis(w_v.reshape(d_model, num_heads, head_dim), 1, 0)}
 
 
-def weight_norm_shares(params, layout: layout_lib.Layout) -> dict[str, np.ndarray]:
+def layer_weight_blocks(params, layout: layout_lib.Layout) -> list[dict[str, np.ndarray]]:
+  """head_weight_blocks of every encoder layer."""
+  return [head_weight_blocks(params, layer, sum(g.num_heads for g in layer_layout))
+          for layer, layer_layout in enumerate(layout)]
+
+
+def weight_norm_shares(blocks_per_layer) -> dict[str, np.ndarray]:
   """{'W_o' | 'W_v': [layers, H]} each head's Frobenius norm over the layer's total (a
-  data-free companion of the output-norm share)."""
+  data-free companion of the output-norm share). blocks_per_layer: layer_weight_blocks."""
   shares = {"W_o": [], "W_v": []}
-  for layer, layer_layout in enumerate(layout):
-    blocks = head_weight_blocks(params, layer, sum(g.num_heads for g in layer_layout))
+  for blocks in blocks_per_layer:
     for name, block in blocks.items():
       norms = np.sqrt((block.reshape(block.shape[0], -1) ** 2).sum(axis=1))
       shares[name].append(norms / norms.sum())
-  return {name: stack_layers(rows) for name, rows in shares.items()}
+  return {name: np.stack(rows) for name, rows in shares.items()}
 
 
 def utterance_head_shares(head_norms: np.ndarray) -> np.ndarray:
@@ -74,4 +72,4 @@ class HeadShareAccumulator:
       rows.append(utterance_head_shares(layer["head_norms"]))
 
   def result(self) -> np.ndarray:
-    return stack_layers([np.median(np.stack(rows), axis=0) for rows in self.per_layer])
+    return np.stack([np.median(np.stack(rows), axis=0) for rows in self.per_layer])

@@ -81,16 +81,16 @@ def _layer_internals(model: S2TModel, features, lengths, with_contributions: boo
   encoder = model.encoder
   x, mask = encoder.embed(features, lengths)
   layers = []
-  for layer, layer_layout in zip(encoder.layers, model.config.layout):
+  for layer in encoder.layers:
     attn = layer.self_attn
     ln_x = layer.self_attn_layer_norm(x)
     z = attn.heads_output(ln_x, mask)                                  # [b, n, H, hd]
     out = {"head_norms": contrib.head_output_norms(
         z, attn.out_proj.variables["params"]["kernel"])}                # [b, n, H]
     if with_contributions:
-      mixing, values, _ = contrib.attention_taps(attn, ln_x, mask, layer_layout)
+      mixing, values, _ = contrib.attention_taps(attn, ln_x, mask)
       out["contributions"] = contrib.contribution_matrix(mixing, values, x, mask,
-                                                               residual)  # [b, n, n]
+                                                         residual)        # [b, n, n]
     layers.append(out)
     x = layer(x, mask)
   return mask, layers
@@ -104,12 +104,11 @@ def make_internals_fn(model: S2TModel, with_contributions: bool, residual: bool 
   return jax.jit(fn)
 
 
-def per_utterance(run: Run, num_utterances: int, batch_size: int, seed: int,
-                  with_contributions: bool, progress: bool = True,
-                  residual: bool = True) -> Iterator[tuple]:
-  """Yields (utterance index, [per layer dict of numpy arrays cut to the valid tokens])."""
+def per_utterance(run: Run, indices: np.ndarray, batch_size: int, with_contributions: bool,
+                  progress: bool = True, residual: bool = True) -> Iterator[tuple]:
+  """For the utterances `indices` (see sample_utterances), yields (utterance index,
+  [per layer dict of numpy arrays cut to the valid tokens])."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  indices = sample_utterances(run.data, num_utterances, seed)
   internals = make_internals_fn(run.model, with_contributions, residual)
   bar = tqdm(total=len(indices), desc=f"{run.stage} {run.data.split}", unit="utt",
              disable=not progress, file=sys.stderr)

@@ -48,10 +48,9 @@ def head_heatmap(shares: np.ndarray, labels_per_layer, title: str, path: str):
   image = ax.imshow(shares, cmap="viridis", aspect="auto", vmin=0)
   for l in range(layers):
     for h in range(heads):
-      if h < len(labels_per_layer[l]) and np.isfinite(shares[l, h]):
-        bright = shares[l, h] > np.nanmax(shares) * 0.6
-        ax.text(h, l, f"{labels_per_layer[l][h]}\n{shares[l, h]:.3f}", ha="center",
-                va="center", fontsize=6.5, color="black" if bright else "white")
+      bright = shares[l, h] > shares.max() * 0.6
+      ax.text(h, l, f"{labels_per_layer[l][h]}\n{shares[l, h]:.3f}", ha="center",
+              va="center", fontsize=6.5, color="black" if bright else "white")
   ax.set_xticks(range(heads), [f"head {h + 1}" for h in range(heads)])
   ax.set_yticks(range(layers), [f"layer {l + 1}" for l in range(layers)])
   ax.set_title(title, fontsize=10)

@@ -72,30 +72,30 @@ class MultiHeadMultiAttention(nn.Module):
                     self.kernel_seed * 1009 + i, self.local_block_size, group_name(i, g.kind))
         for i, g in enumerate(self.layer_layout)]
 
+  def split_heads(self, projection: nn.Dense, x):
+    """projection(x) as [batch, time, heads, head_dim]."""
+    return projection(x).reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim)
+
+  def head_groups(self):
+    """[(group layout, group module, slice of its heads)] in channel order."""
+    groups, start = [], 0
+    for group, module in zip(self.layer_layout, self.groups):
+      groups.append((group, module, slice(start, start + group.num_heads)))
+      start += group.num_heads
+    return groups
+
   def heads_output(self, x, mask, deterministic: bool = True):
     """Per-head outputs before W_o: [batch, time, heads, head_dim] (used by the analyses)."""
-    batch, length, _ = x.shape
-    split = lambda t: t.reshape(batch, length, self.num_heads, self.head_dim)
-    q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-    outputs, start = [], 0
-    for group, module in zip(self.layer_layout, self.groups):
-      heads = slice(start, start + group.num_heads)
-      outputs.append(module(q[:, :, heads], k[:, :, heads], v[:, :, heads], mask, deterministic))
-      start += group.num_heads
-    return jnp.concatenate(outputs, axis=2)
+    q, k, v = (self.split_heads(p, x) for p in (self.q_proj, self.k_proj, self.v_proj))
+    return jnp.concatenate([module(q[:, :, h], k[:, :, h], v[:, :, h], mask, deterministic)
+                            for _, module, h in self.head_groups()], axis=2)
 
   def token_weights(self, x, mask):
     """Per head group, the dense weights [batch, group_heads, time, keys] each output gives each
     value (keys = time, or the compressed length for conv heads). For the analyses: O(n^2)."""
-    batch, length, _ = x.shape
-    split = lambda t: t.reshape(batch, length, self.num_heads, self.head_dim)
-    q, k = split(self.q_proj(x)), split(self.k_proj(x))
-    weights, start = [], 0
-    for group, module in zip(self.layer_layout, self.groups):
-      heads = slice(start, start + group.num_heads)
-      weights.append(module.token_weights(q[:, :, heads], k[:, :, heads], mask))
-      start += group.num_heads
-    return weights
+    q, k = self.split_heads(self.q_proj, x), self.split_heads(self.k_proj, x)
+    return [module.token_weights(q[:, :, h], k[:, :, h], mask)
+            for _, module, h in self.head_groups()]
 
   def __call__(self, x, mask, deterministic: bool = True):
     z = self.heads_output(x, mask, deterministic)
