@@ -30,19 +30,24 @@ def machine() -> dict:
   return info
 
 
-def compiled(fn, *args):
-  """jit(fn) compiled for args -> (compiled, {'temp_bytes', 'flops'})."""
-  lowered = jax.jit(fn).lower(*args)
-  exe = lowered.compile()
+def executable_stats(exe) -> dict:
+  """XLA's compiled memory (bytes) and FLOPs of a compiled executable."""
   memory = exe.memory_analysis()
   cost = exe.cost_analysis()
   if isinstance(cost, list):
     cost = cost[0] if cost else {}
-  stats = {"temp_bytes": int(getattr(memory, "temp_size_in_bytes", 0) or 0),
-           "argument_bytes": int(getattr(memory, "argument_size_in_bytes", 0) or 0),
-           "output_bytes": int(getattr(memory, "output_size_in_bytes", 0) or 0),
-           "flops": float((cost or {}).get("flops", 0.0))}
-  return exe, stats
+  size = lambda name: int(getattr(memory, name, 0) or 0)
+  return {"temp_bytes": size("temp_size_in_bytes"),
+          "argument_bytes": size("argument_size_in_bytes"),
+          "output_bytes": size("output_size_in_bytes"),
+          "alias_bytes": size("alias_size_in_bytes"),
+          "flops": float((cost or {}).get("flops", 0.0))}
+
+
+def compiled(fn, *args):
+  """jit(fn) compiled for args -> (compiled, executable_stats)."""
+  exe = jax.jit(fn).lower(*args).compile()
+  return exe, executable_stats(exe)
 
 
 def time_call(fn, *args, repeats: int = 3, warmup: int = 1, max_seconds: float = 60.0):

@@ -263,7 +263,7 @@ written by the command quoted in its section. Rerun a script, then the report, t
 """
   text = header + _table(["target", "measured", "verdict"], targets) + "\n\n" + \
       "\n".join(sections)
-  notes = os.path.join(os.path.dirname(args.out), "benchmarks_notes.md")
+  notes = os.path.join(os.path.dirname(os.path.normpath(args.dir)), "benchmarks_notes.md")
   if os.path.exists(notes):
     with open(notes, encoding="utf-8") as f:
       text += "\n" + f.read()

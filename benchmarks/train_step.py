@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine, matmul_peak  # noqa: E402
+from benchmarks.common import Results, executable_stats, machine, matmul_peak  # noqa: E402
 from multiformer_jax import build_model, train  # noqa: E402
 from multiformer_jax.parallel import DataParallel  # noqa: E402
 
@@ -55,12 +55,9 @@ def setup(config):
   return model, step, state, dp
 
 
-def step_cost(step, state, batch):
-  exe = step.lower(state, batch, True).compile()
-  cost = exe.cost_analysis()
-  cost = cost[0] if isinstance(cost, list) else cost
-  memory = exe.memory_analysis()
-  return float(cost.get("flops", 0.0)), memory
+def step_stats(step, state, batch) -> dict:
+  """executable_stats of one full update (apply_update=True) for these shapes."""
+  return executable_stats(step.lower(state, batch, True).compile())
 
 
 def main(argv=None):
@@ -90,7 +87,7 @@ def main(argv=None):
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
                                   config.model.input_dim, 8000))
       t0 = time.perf_counter()
-      flops, _ = step_cost(step, state, batch)
+      flops = step_stats(step, state, batch)["flops"]
       compile_s = time.perf_counter() - t0
       for _ in range(2):
         state, metrics = step(state, batch, True)
@@ -114,13 +111,13 @@ def main(argv=None):
                    config.model.input_dim, 8000))
     abstract_state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                             state)
-    _, memory = step_cost(step, abstract_state, batch)
-    total = memory.temp_size_in_bytes + memory.argument_size_in_bytes + \
-        memory.output_size_in_bytes - memory.alias_size_in_bytes
+    memory = step_stats(step, abstract_state, batch)
+    total = memory["temp_bytes"] + memory["argument_bytes"] + memory["output_bytes"] - \
+        memory["alias_bytes"]
     results.add(config=name, layout=config.model.encoder_layout,
                 memory_batch=f"{args.memory_batch} x {args.memory_frames} frames",
-                temp_bytes=int(memory.temp_size_in_bytes),
-                total_bytes=int(total), total_gib=round(total / 2 ** 30, 2))
+                temp_bytes=memory["temp_bytes"], total_bytes=total,
+                total_gib=round(total / 2 ** 30, 2))
 
 
 if __name__ == "__main__":

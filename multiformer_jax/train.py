@@ -303,10 +303,9 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
     faults.fault_point(f"{stage}.update", step)               # tests: killed after an update
     if _stop_agreed(stop, step, config.train.log_every):
       logger.flush(step)
-      if step not in checkpoints.steps():
-        checkpoints.save(step, dp.unreplicate(state), {
-            "stage": stage, "step": step, "iterator": iterator.state(), "dev_loss": None,
-            "model": model.config.to_dict(), "saved_on": "SIGTERM"})
+      checkpoints.save(step, dp.unreplicate(state), {      # a no-op if saved at this step
+          "stage": stage, "step": step, "iterator": iterator.state(), "dev_loss": None,
+          "model": model.config.to_dict(), "saved_on": "SIGTERM"})
       raise faults.Preempted(stage, step)
   return step, state
 

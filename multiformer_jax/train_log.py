@@ -73,6 +73,13 @@ class StageLogger:
     update_ids = [ids for _, ids in self.pending]
     self.pending = []
     first = lambda x: float(np.asarray(x).reshape(-1)[0])
+    skipped_ids = []                   # per skipped update: the ids of its utterances
+    for m, ids in zip(values, update_ids):
+      if "finite" in m:
+        finite = bool(first(m["finite"]))
+        self.consecutive_nonfinite = 0 if finite else self.consecutive_nonfinite + 1
+        if not finite:
+          skipped_ids.append(list(ids or []))
     sums = {}
     for m in values:
       for k in ("loss", "nll", "tokens", "frames", "examples"):
@@ -87,20 +94,12 @@ class StageLogger:
               "grad_norm": first(last.get("grad_norm", 0.0)),
               "frames_per_s": sums["frames"] / max(elapsed, 1e-9),
               "step_time_s": elapsed / max(len([m for m in values if "grad_norm" in m]), 1),
-              "skipped_updates": sum(1 for m in values if "finite" in m and
-                                     not bool(np.asarray(m["finite"]).reshape(-1)[0]))}
+              "skipped_updates": len(skipped_ids)}
     self.scalars(step, record)
     if self.bar is not None:
       self.bar.n = step
       self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
       self.bar.refresh()
-    skipped_ids = []
-    for m, ids in zip(values, update_ids):
-      if "finite" in m:
-        finite = bool(np.asarray(m["finite"]).reshape(-1)[0])
-        self.consecutive_nonfinite = 0 if finite else self.consecutive_nonfinite + 1
-        if not finite:
-          skipped_ids.append(list(ids or []))
     if skipped_ids:
       self.skipped_total += len(skipped_ids)
       self.scalars(step, {"skipped_utterances": json.dumps(skipped_ids),
