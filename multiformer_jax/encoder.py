@@ -1,13 +1,20 @@
-"""The S2T encoder: conv subsampler, scaled input + sinusoids, pre-LN Multiformer layers."""
+"""The S2T encoder: conv subsampler, scaled input + sinusoids, pre-LN Multiformer layers.
+
+Multilingual / multi-domain models (multiformer_jax/head_selection.py) take a task id per
+example: with `model.encoder_candidates` each layer uses the heads selected for the example's
+task, with `model.adapter_dim` a per-task adapter follows each layer.
+"""
 
 import math
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.masks import lengths_to_mask
 from multiformer_jax.attention.multi import MultiHeadMultiAttention
 from multiformer_jax.feedforward import FeedForward, layer_norm
+from multiformer_jax.head_selection import HeadSelector, TaskAdapter
 from multiformer_jax.model_config import ModelConfig
 from multiformer_jax.positions import padded_positions
 from multiformer_jax.subsampler import Conv1dSubsampler
@@ -25,14 +32,14 @@ class EncoderLayer(nn.Module):
     self.self_attn = MultiHeadMultiAttention(
         cfg.d_model, self.layer_layout, cfg.attention_dropout, cfg.kernel_redraw,
         cfg.kernel_seed * 7919 + self.layer_index, cfg.local_block_size, cfg.qkv_bias,
-        cfg.compute_dtype, name="self_attn")
+        cfg.compute_dtype, cfg.encoder_heads if cfg.encoder_candidates else 0, name="self_attn")
     self.dropout = nn.Dropout(cfg.dropout)
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,
                            cfg.compute_dtype, name="ffn")
 
-  def __call__(self, x, mask, deterministic: bool = True):
-    h = self.self_attn(self.self_attn_layer_norm(x), mask, deterministic)
+  def __call__(self, x, mask, deterministic: bool = True, selection=None):
+    h = self.self_attn(self.self_attn_layer_norm(x), mask, deterministic, selection)
     x = x + self.dropout(h, deterministic=deterministic)
     return x + self.ffn(self.final_layer_norm(x), deterministic)
 
@@ -50,6 +57,24 @@ class Encoder(nn.Module):
     self.layers = [EncoderLayer(cfg, layer, i, name=f"layers_{i}")
                    for i, layer in enumerate(cfg.layout)]
     self.layer_norm = layer_norm("layer_norm")
+    if cfg.encoder_candidates:
+      self.head_selector = HeadSelector(cfg.num_tasks, cfg.encoder_layers,
+                                        cfg.encoder_candidates, cfg.encoder_heads,
+                                        cfg.selection_strategy, cfg.selection_inference,
+                                        name="head_selector")
+    if cfg.adapter_dim:
+      self.adapters = [TaskAdapter(cfg.num_tasks, cfg.d_model, cfg.adapter_dim,
+                                   cfg.compute_dtype, name=f"adapters_{i}")
+                       for i in range(cfg.encoder_layers)]
+
+  def selection(self, tasks, temperature=None, deterministic: bool = True):
+    """Per layer the (indices, weights) [batch, H] of the selected heads, or Nones."""
+    cfg = self.config
+    if not cfg.encoder_candidates:
+      return [None] * cfg.encoder_layers
+    temperature = cfg.selection_temperature if temperature is None else temperature
+    indices, weights = self.head_selector(tasks, temperature, deterministic)
+    return [(indices[:, i], weights[:, i]) for i in range(cfg.encoder_layers)]
 
   def embed(self, features, lengths, deterministic: bool = True):
     """Subsampler + scale + positions + dropout: the input of layer 0, and its mask."""
@@ -58,9 +83,17 @@ class Encoder(nn.Module):
     x = math.sqrt(self.config.d_model) * x + padded_positions(mask, self.config.d_model)
     return self.dropout(x, deterministic=deterministic), mask
 
-  def __call__(self, features, lengths, deterministic: bool = True):
+  def __call__(self, features, lengths, deterministic: bool = True, tasks=None,
+               temperature=None):
+    """tasks: [batch] int task ids (default 0); temperature: the Gumbel-sigmoid temperature
+    (default model.selection_temperature)."""
     x, mask = self.embed(features, lengths, deterministic)
-    for layer in self.layers:
-      x = layer(x, mask, deterministic)
+    if tasks is None:
+      tasks = jnp.zeros(features.shape[:1], jnp.int32)
+    selections = self.selection(tasks, temperature, deterministic)
+    for i, (layer, selection) in enumerate(zip(self.layers, selections)):
+      x = layer(x, mask, deterministic, selection)
+      if self.config.adapter_dim:
+        x = self.adapters[i](x, tasks)
     x = self.layer_norm(x) * mask[..., None]
     return x, mask

@@ -20,6 +20,8 @@ class S2TModel(nn.Module):
   Call with (features [batch, frames, input_dim], lengths [batch], prev_tokens [batch, len])
   for teacher-forced logits [batch, len, vocab]; `encode`, `decode`, `cross_kv` and
   `decode_step` are the pieces (use `model.apply(variables, ..., method=...)`).
+  Multilingual / multi-domain models also take `tasks` [batch] (task ids, default 0) and, in
+  training, the head-selection `temperature`.
   """
   config: ModelConfig
 
@@ -27,21 +29,23 @@ class S2TModel(nn.Module):
     self.encoder = Encoder(self.config, name="encoder")
     self.decoder = Decoder(self.config, name="decoder")
 
-  def encode(self, features, lengths, deterministic: bool = True):
-    return self.encoder(features, lengths, deterministic)
+  def encode(self, features, lengths, deterministic: bool = True, tasks=None, temperature=None):
+    return self.encoder(features, lengths, deterministic, tasks, temperature)
 
-  def decode(self, prev_tokens, encoded, encoder_mask, deterministic: bool = True):
-    return self.decoder(prev_tokens, encoded, encoder_mask, deterministic)
+  def decode(self, prev_tokens, encoded, encoder_mask, deterministic: bool = True, tasks=None,
+             temperature=None):
+    return self.decoder(prev_tokens, encoded, encoder_mask, deterministic, tasks, temperature)
 
   def cross_kv(self, encoded):
     return self.decoder.cross_kv(encoded)
 
-  def decode_step(self, tokens, index, cache, cross_kv, encoder_mask):
-    return self.decoder.decode_step(tokens, index, cache, cross_kv, encoder_mask)
+  def decode_step(self, tokens, index, cache, cross_kv, encoder_mask, tasks=None):
+    return self.decoder.decode_step(tokens, index, cache, cross_kv, encoder_mask, tasks)
 
-  def __call__(self, features, lengths, prev_tokens, deterministic: bool = True):
-    encoded, mask = self.encode(features, lengths, deterministic)
-    return self.decode(prev_tokens, encoded, mask, deterministic)
+  def __call__(self, features, lengths, prev_tokens, deterministic: bool = True, tasks=None,
+               temperature=None):
+    encoded, mask = self.encode(features, lengths, deterministic, tasks, temperature)
+    return self.decode(prev_tokens, encoded, mask, deterministic, tasks, temperature)
 
 
 def model_config_from(config: Any) -> ModelConfig:

@@ -15,8 +15,10 @@ import jax.numpy as jnp
 
 from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.kernel import REDRAW_POLICIES
+from multiformer_jax.head_selection import INFERENCE_MODES, STRATEGIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+TASK_TAGS = ("", "source_lang", "target_lang", "domain", "pair")
 
 
 class ConfigError(ValueError):
@@ -46,6 +48,15 @@ class ModelConfig:
   qkv_bias: bool = True
   dtype: str = "float32"
   max_target_positions: int = 1024
+  # Multilingual / multi-domain models (multiformer_jax/head_selection.py).
+  task_tag: str = ""               # what a task is: source_lang | target_lang | domain | pair
+  num_tasks: int = 1               # set from the training data
+  encoder_candidates: int = 0      # H' candidate heads per encoder layer (0 = no selection)
+  decoder_candidates: int = 0      # H' candidates in decoder self-attention (0 = no selection)
+  selection_strategy: str = "group"
+  selection_temperature: float = 5.0
+  selection_inference: str = "deterministic"
+  adapter_dim: int = 0             # per-task adapter bottleneck after every layer (0 = none)
   bos_id: int = 0
   pad_id: int = 1
   eos_id: int = 2
@@ -76,10 +87,46 @@ class ModelConfig:
                         f"{self.decoder_heads}")
     if self.d_model % 2:
       raise ConfigError(f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+    self.validate_selection()
     self.layout  # parses and validates the encoder layout
+
+  def validate_selection(self):
+    if self.task_tag not in TASK_TAGS:
+      raise ConfigError(f"model.task_tag={self.task_tag!r}; valid: {TASK_TAGS} ('' = one task)")
+    if self.num_tasks < 1:
+      raise ConfigError(f"model.num_tasks={self.num_tasks} must be >= 1")
+    if self.selection_strategy not in STRATEGIES:
+      raise ConfigError(f"model.selection_strategy={self.selection_strategy!r}; valid: "
+                        f"{STRATEGIES}")
+    if self.selection_inference not in INFERENCE_MODES:
+      raise ConfigError(f"model.selection_inference={self.selection_inference!r}; valid: "
+                        f"{INFERENCE_MODES}")
+    if self.selection_temperature <= 0:
+      raise ConfigError(f"model.selection_temperature={self.selection_temperature} must be > 0")
+    if self.adapter_dim < 0:
+      raise ConfigError(f"model.adapter_dim={self.adapter_dim} must be >= 0 (0 = no adapters)")
+    for side, heads in (("encoder", self.encoder_heads), ("decoder", self.decoder_heads)):
+      candidates = getattr(self, f"{side}_candidates")
+      if candidates and (candidates < heads or candidates % heads):
+        raise ConfigError(
+            f"model.{side}_candidates={candidates} must be a multiple of model.{side}_heads="
+            f"{heads} (H of H' candidates; the group strategy splits them into H groups), "
+            f"e.g. {2 * heads}; 0 = no head selection")
+    if self.encoder_candidates and self.d_model % self.encoder_heads:
+      raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
+                        f"model.encoder_heads={self.encoder_heads}")
 
   @functools.cached_property
   def layout(self) -> layout_lib.Layout:
+    if self.encoder_candidates:   # the layout lists the candidates; head_dim = d / H
+      try:
+        return layout_lib.parse_layout(self.encoder_layout, self.encoder_layers,
+                                       self.encoder_candidates)
+      except layout_lib.LayoutError as e:
+        raise layout_lib.LayoutError(
+            f"{e}\n(with head selection the layout lists the model.encoder_candidates="
+            f"{self.encoder_candidates} candidate heads of each layer, of which "
+            f"model.encoder_heads={self.encoder_heads} are used)") from None
     return layout_lib.parse_layout(self.encoder_layout, self.encoder_layers, self.encoder_heads,
                                    self.d_model)
 

@@ -5,6 +5,11 @@ take consecutive channel chunks in config order (config order = channel order), 
 routed through its own attention kind, the outputs are concatenated back in the same order and
 projected by W_o. So head h of the layout owns channels [h*head_dim, (h+1)*head_dim) of q/k/v
 and rows [h*head_dim, (h+1)*head_dim) of W_o.
+
+With head selection (`selected_heads` = H > 0) the layout describes H' candidate heads of
+head_dim = d_model / H; q/k/v project to H' * head_dim channels, every candidate is computed
+through its own kind, and the H heads selected for each example (multiformer_jax.head_selection)
+fill the slots of W_o (d_model x d_model).
 """
 
 import flax.linen as nn
@@ -15,6 +20,7 @@ from multiformer_jax.attention.conv import ConvAttention
 from multiformer_jax.attention.full import FullAttention
 from multiformer_jax.attention.kernel import KernelAttention
 from multiformer_jax.attention.local import LocalAttention
+from multiformer_jax.head_selection import gather_heads
 from multiformer_jax.initializers import torch_default_bias, xavier_uniform, xavier_uniform_qkv
 
 
@@ -50,17 +56,21 @@ class MultiHeadMultiAttention(nn.Module):
   local_block_size: int = 0
   qkv_bias: bool = True
   dtype: jnp.dtype = jnp.float32
+  selected_heads: int = 0          # H of the layout's H' candidates; 0 = every head, no selection
 
   def setup(self):
     num_heads = sum(g.num_heads for g in self.layer_layout)
-    if self.d_model % num_heads:
-      raise ValueError(f"d_model {self.d_model} not divisible by {num_heads} heads")
-    self.num_heads = num_heads
-    self.head_dim = self.d_model // num_heads
+    used = self.selected_heads or num_heads
+    if self.d_model % used or num_heads % used:
+      raise ValueError(f"d_model {self.d_model} must divide into {used} heads, and the "
+                       f"{num_heads} candidates into {used} groups")
+    self.num_heads = num_heads       # candidates when selecting
+    self.head_dim = self.d_model // used
 
     def projection(name, kernel_init):
-      return nn.Dense(self.d_model, use_bias=self.qkv_bias, kernel_init=kernel_init,
-                      bias_init=torch_default_bias(self.d_model), dtype=self.dtype, name=name)
+      return nn.Dense(num_heads * self.head_dim, use_bias=self.qkv_bias,
+                      kernel_init=kernel_init, bias_init=torch_default_bias(self.d_model),
+                      dtype=self.dtype, name=name)
 
     self.q_proj = projection("q_proj", xavier_uniform_qkv)
     self.k_proj = projection("k_proj", xavier_uniform_qkv)
@@ -97,6 +107,9 @@ class MultiHeadMultiAttention(nn.Module):
     return [module.token_weights(q[:, :, h], k[:, :, h], mask)
             for _, module, h in self.head_groups()]
 
-  def __call__(self, x, mask, deterministic: bool = True):
-    z = self.heads_output(x, mask, deterministic)
+  def __call__(self, x, mask, deterministic: bool = True, selection=None):
+    """selection: (indices, weights) [batch, H] of the selected candidates (head selection)."""
+    z = self.heads_output(x, mask, deterministic)           # [batch, time, heads, head_dim]
+    if self.selected_heads:
+      z = gather_heads(z, *selection)                       # [batch, time, H, head_dim]
     return self.out_proj(z.reshape(x.shape[0], x.shape[1], self.d_model))
