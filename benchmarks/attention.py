@@ -78,16 +78,19 @@ def main(argv=None):
                       help="the window of the dense masked reference (129 = +-64)")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--only", default="", help="comma-separated kinds (default: all)")
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                      help="dtype of q, k, v (GPU runs use bfloat16)")
   args = parser.parse_args(argv)
   lengths = [int(n) for n in args.lengths.split(",")]
   table = kinds(args.head_dim, args.dense_window)
   chosen = [k for k in table if not args.only or k in args.only.split(",")]
   results = Results(args.out, {**machine(), "batch": args.batch, "heads": args.heads,
-                               "head_dim": args.head_dim, "command": " ".join(sys.argv)})
+                               "head_dim": args.head_dim, "dtype": args.dtype,
+                               "command": " ".join(sys.argv)})
   rng = np.random.default_rng(0)
   for n in lengths:
     shape = (args.batch, n, args.heads, args.head_dim)
-    q, k, v = (jnp.asarray(rng.normal(size=shape), jnp.float32) for _ in range(3))
+    q, k, v = (jnp.asarray(rng.normal(size=shape), args.dtype) for _ in range(3))
     mask = jnp.ones((args.batch, n), bool)
     for name in chosen:
       fn, params, dense = table[name]

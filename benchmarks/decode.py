@@ -62,9 +62,11 @@ def main(argv=None):
   parser.add_argument("--tokens", type=int, default=50)
   parser.add_argument("--beam", type=int, default=5)
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   args = parser.parse_args(argv)
   config = importlib.import_module(f"configs.{args.config}").get_config()
   config.model.vocab_size = 8000
+  config.model.dtype = args.dtype
   model = build_model(config)
   params = init_params(model, jax.random.PRNGKey(0))
   rng = np.random.default_rng(0)

@@ -75,8 +75,11 @@ def main(argv=None):
   parser.add_argument("--memory_configs", default="h_lc_nodown,multiformer_s_nodown,"
                                                   "s2t_transformer_s_nodown")
   parser.add_argument("--skip_timing", action="store_true")
+  parser.add_argument("--peak_size", type=int, default=2048,
+                      help="matmul size for the peak (8192 on a GPU)")
   args = parser.parse_args(argv)
-  peak = matmul_peak(dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
+  peak = matmul_peak(args.peak_size,
+                     dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
   results = Results(args.out, {**machine(), **vars(args), "matmul_peak_flops": peak,
                                "command": " ".join(sys.argv)})
   print(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s", flush=True)
@@ -102,7 +105,7 @@ def main(argv=None):
                   frames_per_s=round(frames / seconds, 1), flops=flops,
                   utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
                   loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
-  for name in args.memory_configs.split(","):
+  for name in filter(None, args.memory_configs.split(",")):
     config = load_config(name, args.dtype)
     _, step, state, dp = setup(config)
     batch = jax.tree_util.tree_map(
