@@ -42,6 +42,17 @@ def get_config(arg=None):
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024
+  # Multilingual / multi-domain (Gong et al. 2022; multiformer_jax/head_selection.py). A task is
+  # a value of task_tag in the data: source_lang | target_lang | domain | pair ('' = one task).
+  m.task_tag = ""
+  m.num_tasks = 1              # set from the training data when task_tag is set
+  m.encoder_candidates = 0     # H' candidate heads per encoder layer, encoder_heads of them used;
+                               # the encoder layout then lists the H' candidates (any kinds)
+  m.decoder_candidates = 0     # H' candidates in decoder self-attention (0 = no selection)
+  m.selection_strategy = "group"        # subset | group
+  m.selection_temperature = 5.0         # Gumbel-sigmoid temperature (train.selection_* anneal)
+  m.selection_inference = "deterministic"  # or 'noisy': the reference's sampling at inference
+  m.adapter_dim = 0            # per-task adapters after every layer (the paper's baseline)
   m.bos_id = 0                 # fairseq dictionary specials
   m.pad_id = 1
   m.eos_id = 2
@@ -56,7 +67,8 @@ def get_config(arg=None):
   d.pairs = "en-de"            # comma-separated language pairs
   d.embedded = False           # build the embedded corpus into `root` first (no download)
   d.embedded_sources = "en"    # embedded corpus: source language(s)
-  d.embedded_target = "de"     # embedded corpus: target language
+  d.embedded_target = "de"     # embedded corpus: target language(s), comma-separated
+  d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
   d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)
   d.st_vocab = 8000
   d.train_split = "train"
@@ -81,6 +93,9 @@ def get_config(arg=None):
   t.clip_norm = 10.0
   t.label_smoothing = 0.1
   t.max_consecutive_nonfinite = 10   # stop after this many skipped (non-finite) updates
+  t.kl_weight = 0.0            # head selection: weight of the KL term (0 in the paper's recipe)
+  t.selection_temperature_decay = 0.0   # tau(u) = max(min, tau0 * exp(-decay * u)); 0 = fixed
+  t.selection_temperature_min = 0.5
   t.compilation_cache = "~/.cache/multiformer_jax/jax"   # persistent XLA cache; "" = off
 
   # --- the two stages ----------------------------------------------------------------------
@@ -127,8 +142,10 @@ def runlocal(config):
 VARIANTS = {"runlocal": runlocal}
 
 
-def apply_arg(config, arg):
-  """Applies `arg` ('runlocal', 'model.dropout=0.3', ... comma-separated) to `config`."""
+def apply_arg(config, arg, variants=None):
+  """Applies `arg` ('runlocal', 'model.dropout=0.3', ... comma-separated) to `config`;
+  `variants` adds an experiment's own named variants to the shared ones."""
+  known = {**VARIANTS, **(variants or {})}
   for item in filter(None, (arg or "").split(",")):
     item = item.strip()
     if "=" in item:
@@ -138,10 +155,10 @@ def apply_arg(config, arg):
       for part in path:
         node = node[part]
       node[leaf] = _parse_value(node[leaf], value.strip(), key)
-    elif item in VARIANTS:
-      config = VARIANTS[item](config)
+    elif item in known:
+      config = known[item](config)
     else:
-      raise ValueError(f"unknown config variant {item!r}; valid: {sorted(VARIANTS)} or "
+      raise ValueError(f"unknown config variant {item!r}; valid: {sorted(known)} or "
                        f"key=value")
   return config
 

@@ -60,7 +60,7 @@ SPLITS = {"mustc": ("train", "dev", "tst-COMMON", "tst-HE"),
           "europarl_st": ("train", "dev", "test")}
 
 
-def _pair(pair: str) -> tuple[str, str]:
+def split_pair(pair: str) -> tuple[str, str]:
   parts = pair.split("-")
   if len(parts) != 2 or not all(parts):
     raise ValueError(f"language pair {pair!r} must look like 'en-de'")
@@ -78,7 +78,7 @@ def _read_lines(path: str) -> list[str]:
 
 
 def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
-  src, tgt = _pair(pair)
+  src, tgt = split_pair(pair)
   if split not in SPLITS[corpus]:
     raise ValueError(f"unknown {corpus} split {split!r}; valid: {SPLITS[corpus]}")
   base = root if os.path.basename(os.path.normpath(root)) == pair else os.path.join(root, pair)
@@ -124,7 +124,7 @@ def read_mtedx(root: str, pair: str = "es-en", split: str = "train") -> list[Seg
 
 
 def read_europarl_st(root: str, pair: str = "de-en", split: str = "train"):
-  src, tgt = _pair(pair)
+  src, tgt = split_pair(pair)
   if split not in SPLITS["europarl_st"]:
     raise ValueError(f"unknown europarl_st split {split!r}; valid: {SPLITS['europarl_st']}")
   split_dir = os.path.join(root, src, tgt, split)

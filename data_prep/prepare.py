@@ -184,11 +184,14 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
     np.savez(os.path.join(out, "gcmvn.npz"), mean=mean, std=std)
 
   train_index = np.load(os.path.join(index_dir, f"{splits[0]}.npz"))
+  # One-to-many corpora get fairseq's <lang:xx> target tags (data.target_lang_tag uses them).
+  target_langs = sorted({corpora.split_pair(p)[1] for p in pairs})
+  tags = tuple(vocab.lang_tag(l) for l in target_langs) if len(target_langs) > 1 else ()
   vocabularies = {
       "asr": vocab.train_sentencepiece(list(train_index["source_text"]),
                                        os.path.join(out, "spm_asr"), asr_vocab),
       "st": vocab.train_sentencepiece(list(train_index["target_text"]),
-                                      os.path.join(out, "spm_st"), st_vocab)}
+                                      os.path.join(out, "spm_st"), st_vocab, tags)}
   summary = {"corpus": corpus, "root": os.path.abspath(root), "pairs": pairs,
              "splits": {s: report[s]["kept"] for s in splits}, "tfds_dir": "tfds",
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}

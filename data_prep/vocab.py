@@ -8,11 +8,18 @@ a piece id is the model's token id.
 import os
 
 BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+LANG_TAG = "<lang:{}>"   # fairseq's target-language tag (prepend_tgt_lang_tag)
 
 
-def train_sentencepiece(texts, model_prefix: str, vocab_size: int) -> str:
+def lang_tag(language: str) -> str:
+  return LANG_TAG.format(language)
+
+
+def train_sentencepiece(texts, model_prefix: str, vocab_size: int,
+                        user_symbols: tuple[str, ...] = ()) -> str:
   """Trains `{model_prefix}.model` (atomically); returns its path. If the text is too small
-  for `vocab_size`, SentencePiece keeps the pieces it can (the real size is in the model)."""
+  for `vocab_size`, SentencePiece keeps the pieces it can (the real size is in the model).
+  `user_symbols` (e.g. target-language tags) become single pieces of their own."""
   import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   texts = [t for t in texts if t.strip()]
   if not texts:
@@ -22,7 +29,8 @@ def train_sentencepiece(texts, model_prefix: str, vocab_size: int) -> str:
       sentence_iterator=iter(texts), model_prefix=tmp_prefix, vocab_size=vocab_size,
       model_type="unigram", character_coverage=1.0, bos_id=BOS_ID, pad_id=PAD_ID,
       eos_id=EOS_ID, unk_id=UNK_ID, hard_vocab_limit=False, num_threads=2,
-      minloglevel=2, input_sentence_size=1_000_000, shuffle_input_sentence=True)
+      minloglevel=2, input_sentence_size=1_000_000, shuffle_input_sentence=True,
+      **({"user_defined_symbols": list(user_symbols)} if user_symbols else {}))
   for ext in (".model", ".vocab"):
     os.replace(tmp_prefix + ext, model_prefix + ext)
   return model_prefix + ".model"
@@ -45,6 +53,11 @@ class Vocabulary:
 
   def encode(self, text: str) -> list[int]:
     return self.sp.encode(text)
+
+  def symbol_id(self, symbol: str) -> int | None:
+    """The id of a whole-piece symbol (e.g. a language tag), or None if the model lacks it."""
+    piece = self.sp.piece_to_id(symbol)
+    return piece if piece != UNK_ID and self.sp.id_to_piece(piece) == symbol else None
 
   def decode(self, ids) -> str:
     ids = [int(i) for i in ids if int(i) not in (BOS_ID, PAD_ID, EOS_ID)]

@@ -19,8 +19,20 @@ import os
 import subprocess
 import sys
 
-COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "reported_bleu", "reported_wer",
-           "train_wall_s", "status")
+COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_by_task",
+           "st_bleu_by_task", "reported_bleu", "reported_wer", "train_wall_s", "status")
+# Which per-tag scores of results.json make the per-task columns, in order of preference
+# (the model's own task tag first).
+TASK_TAG_PREFERENCE = ("pair", "source_lang", "target_lang", "domain")
+
+
+def by_task(results: dict, metric: str) -> str:
+  """'de 12.3 · es 9.1' from an evaluation's per-tag scores ('' for a one-task test set)."""
+  by_tag = results.get("by_tag", {})
+  for tag in (results.get("task_tag") or None,) + TASK_TAG_PREFERENCE:
+    if tag in by_tag:
+      return " · ".join(f"{v} {r[metric]}" for v, r in by_tag[tag].items())
+  return ""
 
 
 def run_name(config_path: str) -> str:
@@ -45,7 +57,9 @@ def collect_row(workdir: str, name: str, status: str = "") -> dict:
       results = os.path.join(stage_dir, entry, "results.json")
       if entry.startswith("eval_") and os.path.exists(results):
         with open(results, encoding="utf-8") as f:
-          row[column] = json.load(f)[key]
+          evaluation = json.load(f)
+        row[column] = evaluation[key]
+        row[f"{column}_by_task"] = by_task(evaluation, key)
     done = os.path.join(stage_dir, "DONE.json")
     if os.path.exists(done):
       with open(done, encoding="utf-8") as f:
@@ -64,8 +78,8 @@ def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
     writer.writeheader()
     writer.writerows(rows)
   md_path = os.path.join(out_dir, "results.md")
-  header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | paper BLEU | paper WER | "
-            "train s | status |")
+  header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | WER per task | BLEU per task | "
+            "paper BLEU | paper WER | train s | status |")
   lines = [header, "|" + "---|" * len(COLUMNS)]
   for r in rows:
     lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|") if c != "encoder_layout"

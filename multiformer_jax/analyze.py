@@ -11,6 +11,10 @@
     python -m multiformer_jax.analyze windows --workdir runs/v2 --stage st --num_utterances 400 \
         --out analysis/v2 [--config_out configs/v2_windows.py]
 
+    # Head selection: the heads (and kinds) each task selects, sharing and load (Gong et al.
+    # figures 3-4); data-free, from the selection logits
+    python -m multiformer_jax.analyze selection --workdir runs/hs --stage st --out analysis/hs
+
 Every command reads the config saved in the workdir, a checkpoint (--checkpoint best | latest |
 average), N random utterances of a split (--split, default the config's dev split; --seed),
 and writes PNG plots and CSV + markdown tables to --out.
@@ -31,6 +35,7 @@ from multiformer_jax import layout as layout_lib
 from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib
 from multiformer_jax.analysis import internals, plots
+from multiformer_jax.analysis import selection as selection_lib
 
 DEFAULT_FULL_CL_THRESHOLD = 0.25
 
@@ -277,6 +282,40 @@ def select_windows(run: internals.Run, out_dir: str, num_utterances: int = 400,
 
 
 # ----------------------------------------------------------------------------- CLI
+# ----------------------------------------------------------------------------- selection
+def analyze_selection(run: internals.Run, out_dir: str) -> dict:
+  """Per stack (encoder, decoder self-attention) of a head-selection model: the selected heads
+  per task and layer, heads shared between tasks, load per head; tables of the selection and
+  of the kinds each task uses."""
+  stacks = selection_lib.stacks(run.model.config, run.params)
+  if not stacks:
+    raise ValueError(f"{run.config.name} selects no heads (model.encoder_candidates and "
+                     f"model.decoder_candidates are 0): nothing to analyse")
+  os.makedirs(out_dir, exist_ok=True)
+  names = run.task_names
+  source = f"{run.config.name}, {run.stage} {run.checkpoint}"
+  paths, kinds = {}, {}
+  for stack, info in stacks.items():
+    masks, labels = info["masks"], info["labels"]
+    base = os.path.join(out_dir, f"{run.stage}_{stack}")
+    paths[f"{stack}_selected"] = plots.selected_heads(
+        masks, labels, names, f"{stack} heads selected per task ({source})",
+        base + "_selected.png")
+    paths[f"{stack}_shared"] = plots.shared_heads(
+        selection_lib.shared_heads(masks), names,
+        f"{stack}: share of a task's heads also used by another", base + "_shared.png")
+    paths[f"{stack}_load"] = plots.head_load(
+        selection_lib.head_load(masks), labels, len(names),
+        f"{stack}: tasks using each head", base + "_load.png")
+    paths[f"{stack}_table"] = write_table(
+        selection_lib.selection_rows(masks, labels, names), base + "_selection",
+        f"Heads selected at inference ({stack}, {source})")[1]
+    kinds[stack] = selection_lib.kinds_per_task(masks, labels, names)
+    paths[f"{stack}_kinds"] = write_table(kinds[stack], base + "_kinds",
+                                          f"Selected heads per kind ({stack}, {source})")[1]
+  return {"paths": paths, "kinds": kinds, "tasks": names}
+
+
 def _common(parser):
   parser.add_argument("--workdir", required=True, help="a run directory written by run.py")
   parser.add_argument("--split", default=None, help="default: the config's data.dev_split")
@@ -320,6 +359,9 @@ def main(argv=None):
                        help="1-based layers that keep full attention (overrides the threshold)")
   windows.add_argument("--config_out", default=None, help="default: {out}/{name}_windows.py")
   _contribution_options(windows)
+  selection = sub.add_parser("selection", help="heads selected per task, sharing, load")
+  _common(selection)
+  selection.add_argument("--stage", default="st", choices=("asr", "st"))
   args = parser.parse_args(argv)
   if args.num_utterances < 1 or args.batch_size < 1:
     parser.error(f"--num_utterances ({args.num_utterances}) and --batch_size "
@@ -328,6 +370,16 @@ def main(argv=None):
                                           args.average_last)
   common = dict(num_utterances=args.num_utterances, batch_size=args.batch_size, seed=args.seed,
                 progress=not args.no_progress)
+  if args.command == "selection":
+    result = analyze_selection(load(args.stage), args.out)
+    for stack, rows in result["kinds"].items():
+      print(stack, "kinds per task:", rows)
+    print(json.dumps(result["paths"], indent=1))
+    return
+  if internals.ckpt_lib.load_config(args.workdir).model.get("encoder_candidates"):
+    raise SystemExit(f"{args.command}: the per-head W_o and contribution analyses need every "
+                     f"head to own its W_o rows; in a head-selection model the W_o slots are "
+                     f"shared by candidates. Use: python -m multiformer_jax.analyze selection")
   if args.command == "heads":
     result = analyze_heads(load(args.stage), args.out, **common)
   elif args.command == "contributions":

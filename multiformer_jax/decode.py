@@ -23,8 +23,11 @@ def _gather_beams(x, beam_indices):
 
 def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengths, vocab: int,
                 eos_id: int = 2, pad_id: int = 1, bos_id: int = 0,
-                length_penalty: float = 1.0):
+                length_penalty: float = 1.0, prefix_tokens=None):
   """Returns (tokens [batch, max_steps] padded with pad_id after EOS, scores [batch]).
+
+  prefix_tokens: optional [batch] token forced as each hypothesis's first token (fairseq's
+  --prefix-size 1, e.g. a target-language tag); its log-probability still counts.
 
   cache: the decoder cache for batch * beam rows (row b * beam + k is beam k of utterance b),
   at least max_steps long. max_lengths: [batch] int, fairseq's max_len per utterance (tokens
@@ -55,6 +58,9 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
     is_eos = (jnp.arange(vocab) == eos_id)[None, None, :]
     logp = jnp.where(last & ~is_eos, NEG_INF, logp)
     logp = jnp.where((i == 0) & is_eos, NEG_INF, logp)               # min length 1
+    if prefix_tokens is not None:
+      forced = jnp.arange(vocab)[None, None, :] == prefix_tokens[:, None, None]
+      logp = jnp.where((i == 0) & ~forced, NEG_INF, logp)
     candidates = (alive_logp[:, :, None] + logp).reshape(batch, beam * vocab)
     cand_score, cand_index = jax.lax.top_k(candidates, 2 * beam)      # [b, 2k]
     parent, token = cand_index // vocab, cand_index % vocab

@@ -30,44 +30,91 @@ from multiformer_jax.train_log import setup_logging
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
                    max_len_b: int):
-  """-> jitted fn(params, features, lengths) -> tokens [batch, steps] (pad after the end)."""
+  """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
+  [batch, steps] (pad after the end).
+
+  tasks: [batch] task ids (multi-task models); prefix: [batch] forced first tokens (target-
+  language tags); key: the PRNG key of `noisy` head-selection inference.
+  """
   cfg = model.config
   limit = cfg.max_target_positions - 1
+  noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
+                                                  cfg.decoder_candidates)
 
-  def translate(params, features, lengths):
+  def translate(params, features, lengths, tasks=None, prefix=None, key=None):
     variables = {"params": params}
-    encoded, mask = model.apply(variables, features, lengths, method=model.encode)
+    if noisy:                # fresh selection noise for the encoder and every decoder step
+      encoder_key, decoder_key = jax.random.split(key)
+      rngs = lambda i: {"selection": jax.random.fold_in(decoder_key, i)}
+    else:
+      encoder_key, rngs = None, lambda i: {}
+    encoded, mask = model.apply(variables, features, lengths, True, tasks,
+                                method=model.encode,
+                                rngs={"selection": encoder_key} if noisy else {})
     cross_kv = model.apply(variables, encoded, method=model.cross_kv)
     batch = features.shape[0]
     max_steps = min(int(max_len_a * features.shape[1]) + max_len_b, limit) + 1   # static
     cache = init_cache(cfg, batch * beam, max_steps)
+    row_tasks = None if tasks is None else jnp.repeat(tasks, beam)   # [batch * beam]
 
     def step_fn(tokens, index, cache):
-      return model.apply(variables, tokens, index, cache, cross_kv, mask,
-                         method=model.decode_step)
+      return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
+                         method=model.decode_step, rngs=rngs(index))
     max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
     tokens, _ = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
                                    cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
-                                   length_penalty)
+                                   length_penalty, prefix)
     return tokens
   return jax.jit(translate)
 
 
-def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True):
-  """-> hypotheses (detokenised) in corpus order."""
+def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
+                 task_tag: str = "", seed: int = 0):
+  """-> hypotheses (detokenised) in corpus order. task_tag: the batch field of the model's task
+  ids ('' for a one-task model)."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   data = batcher.data
   hypotheses = [None] * len(data)
   batches = tqdm(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
                  desc=f"decoding {data.split}", unit="batch", disable=not progress,
                  file=sys.stderr)
-  for batch in batches:
+  for n, batch in enumerate(batches):
+    tasks = jnp.asarray(np.maximum(batch[task_tag], 0)) if task_tag else None
+    prefix = None
+    if data.prefix is not None:
+      prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
+                                    data.prefix[0]))
     tokens = np.asarray(translate(params, jnp.asarray(batch["features"]),
-                                  jnp.asarray(batch["lengths"])))
+                                  jnp.asarray(batch["lengths"]), tasks, prefix,
+                                  jax.random.PRNGKey(seed + n)))
     for row, i in enumerate(batch["index"]):
       if i >= 0:
-        hypotheses[i] = data.vocab.decode(tokens[row])
+        hypotheses[i] = data.vocab.decode(tokens[row][1:] if prefix is not None else
+                                          tokens[row])
   return hypotheses
+
+
+def score(stage: str, hypotheses, references) -> dict:
+  return corpus_bleu(hypotheses, references) if stage == "st" else \
+      corpus_wer(hypotheses, references)
+
+
+def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict:
+  """{tag: {value: score and utterance count}} for each tag with several values in the split
+  (per language, per domain, per task: the rows of the per-task results table)."""
+  grouped = {}
+  for tag in tag_names:
+    values = np.asarray(data.tag_values[tag]).astype(str)
+    distinct = sorted(set(values))
+    if len(distinct) < 2:
+      continue
+    grouped[tag] = {}
+    for value in distinct:
+      rows = np.flatnonzero(values == value)
+      result = score(stage, [hypotheses[i] for i in rows], [data.references[i] for i in rows])
+      metric = "bleu" if stage == "st" else "wer"
+      grouped[tag][value] = {metric: result[metric], "utterances": int(len(rows))}
+  return grouped
 
 
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
@@ -80,8 +127,17 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   beam = beam or e.beam
   length_penalty = e.length_penalty if length_penalty is None else length_penalty
   data = ip.SplitData(pipeline_config(config, stage, "test"), split)
-  batcher = ip.Batcher(data, False)
-  model = S2TModel(model_config_for(config, data.vocab.size))
+  # Task ids are the training split's (as in training), whatever the evaluated split holds.
+  train_tags = ip.split_tags(ip.SplitData(pipeline_config(config, stage),
+                                          config.data.train_split))
+  batcher = ip.Batcher(data, False, tags=train_tags)
+  model = S2TModel(model_config_for(config, data.vocab.size, train_tags))
+  task_tag = model.config.task_tag
+  if task_tag:
+    unseen = sorted(set(map(str, data.tag_values[task_tag])) - set(train_tags[task_tag]))
+    if unseen:
+      raise ValueError(f"{split} has {task_tag} value(s) {unseen} that the model never saw in "
+                       f"training; it knows {train_tags[task_tag]}")
   stage_ckpts = ckpt_lib.StageCheckpoints(os.path.join(workdir, stage, "checkpoints"))
   params, which = stage_ckpts.select_params(checkpoint, average_last)
   params = jax.tree_util.tree_map(jnp.asarray, params)
@@ -89,23 +145,27 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
            which, beam)
   translate = make_translate(model, beam, length_penalty, e.max_len_a, e.max_len_b)
   start = time.time()
-  hypotheses = decode_split(params, batcher, translate, progress)
+  hypotheses = decode_split(params, batcher, translate, progress, task_tag, config.train.seed)
   references = data.references
-  score = corpus_bleu(hypotheses, references) if stage == "st" else \
-      corpus_wer(hypotheses, references)
+  overall = score(stage, hypotheses, references)
+  per_tag = scores_by_tag(stage, data, hypotheses, ip.TAG_NAMES)
   out_dir = os.path.join(workdir, stage, f"eval_{split}")
   os.makedirs(out_dir, exist_ok=True)
   for name, lines in (("hyp.txt", hypotheses), ("ref.txt", references)):
     with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
       f.writelines(line + "\n" for line in lines)
-  result = {"stage": stage, "split": split, "utterances": len(data), **score,
+  result = {"stage": stage, "split": split, "utterances": len(data), **overall,
+            "by_tag": per_tag, "task_tag": task_tag,
             "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
             "max_len": f"{e.max_len_a} * frames + {e.max_len_b}",
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
-  log.info("%s %s: %s", stage, split, f"BLEU {score['bleu']}" if stage == "st" else
-           f"WER {score['wer']}")
+  log.info("%s %s: %s", stage, split, f"BLEU {overall['bleu']}" if stage == "st" else
+           f"WER {overall['wer']}")
+  for tag, values in per_tag.items():
+    log.info("  by %s: %s", tag, ", ".join(f"{v} {r.get('bleu', r.get('wer'))}"
+                                           for v, r in values.items()))
   return result
 
 

@@ -15,8 +15,12 @@ Evaluation iterates every utterance of a split exactly once.
 Batch (numpy):
   features [B, T, 80] float32     lengths [B] int32          weights [B] float32 (0 = padding)
   prev_tokens [B, U] int32 (EOS + tokens)   targets [B, U] int32 (tokens + EOS, pad = 1)
-  index [B] int32 (data-source index, -1 for padding)   source_lang, target_lang, domain [B]
-  int32 (ids into the pipeline's `tags`)
+  index [B] int32 (data-source index, -1 for padding)   source_lang, target_lang, domain, pair
+  [B] int32 (ids into the pipeline's `tags`, the training split's sorted values; -1 = unseen)
+
+With `target_lang_tag` (one-to-many ST, fairseq's prepend_tgt_lang_tag) the target starts with
+the <lang:xx> symbol: prev_tokens = EOS, tag, tokens; targets = tag, tokens, EOS with the tag
+position padded out of the loss (fairseq's --ignore-prefix-size 1); decoding forces it.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from data_prep import tfds_dataset, vocab
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
+TAG_NAMES = ("source_lang", "target_lang", "domain", "pair")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +52,7 @@ class PipelineConfig:
   cmvn: str = "utterance"
   specaugment: bool = True         # training split only
   seed: int = 0
+  target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
 
   def __post_init__(self):
     if self.task not in TASKS:
@@ -85,15 +91,34 @@ class SplitData:
     self.vocab = vocab.Vocabulary(os.path.join(prepared, self.summary["vocab"][config.task]
                                                ["model"]))
     texts = index["source_text" if config.task == "asr" else "target_text"]
-    self.tokens = [np.array(self.vocab.encode(str(t))[:config.max_target_tokens], np.int32)
-                   for t in texts]
+    self.prefix = self._lang_tag_ids(index["target_lang"]) if (
+        config.target_lang_tag and config.task == "st") else None
+    limit = config.max_target_tokens - (self.prefix is not None)
+    self.tokens = [np.array(self.vocab.encode(str(t))[:limit], np.int32) for t in texts]
+    if self.prefix is not None:
+      self.tokens = [np.concatenate([[p], t]).astype(np.int32)
+                     for p, t in zip(self.prefix, self.tokens)]
     self.references = [str(t) for t in texts]
     self.tag_values = {name: index[name] for name in ("source_lang", "target_lang", "domain")}
+    self.tag_values["pair"] = np.array([f"{s}-{t}" for s, t in
+                                        zip(index["source_lang"], index["target_lang"])])
     self.source = None  # opened lazily: data sources do not pickle
     self.gcmvn = None
     if config.cmvn == "global":
       stats = np.load(os.path.join(prepared, self.summary["gcmvn"]))
       self.gcmvn = (stats["mean"], stats["std"])
+
+  def _lang_tag_ids(self, target_langs) -> np.ndarray:
+    ids = {}
+    for lang in sorted(set(map(str, target_langs))):
+      ids[lang] = self.vocab.symbol_id(vocab.lang_tag(lang))
+      if ids[lang] is None:
+        raise ValueError(
+            f"data.target_lang_tag is set but the ST vocabulary {self.vocab.path} has no "
+            f"{vocab.lang_tag(lang)} symbol: data_prep.prepare adds the tags when the corpus "
+            f"has several target languages (pairs {self.summary.get('pairs')}); set "
+            f"data.target_lang_tag=false for a single target language")
+    return np.array([ids[str(l)] for l in target_langs], np.int32)
 
   def __len__(self):
     return len(self.n_frames)
@@ -103,6 +128,11 @@ class SplitData:
       self.source = tfds_dataset.open_split(os.path.join(self.config.prepared_dir, "tfds"),
                                             self.split)
     return np.asarray(self.source[int(i)]["fbank"], np.float32)
+
+
+def split_tags(data: SplitData) -> dict[str, list[str]]:
+  """{tag name: sorted distinct values}: with the training split, the task ids of a model."""
+  return {name: sorted(set(map(str, values))) for name, values in data.tag_values.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,8 +174,7 @@ class Batcher:
       tokens = int(math.ceil(max(members.max() if members.size else 1, 1) / 8) * 8)
       size = max(multiple, (cfg.max_frames // int(frames)) // multiple * multiple)
       self.buckets.append(Bucket(int(frames), tokens, size))
-    self.tags = tags or {name: sorted(set(map(str, values)))
-                         for name, values in data.tag_values.items()}
+    self.tags = tags or split_tags(data)
     self.spec_augment = features_lib.SpecAugment() if (train and cfg.specaugment) else None
 
   @property
@@ -204,6 +233,8 @@ class Batcher:
       batch["prev_tokens"][row, 1:len(tokens) + 1] = tokens
       batch["targets"][row, :len(tokens)] = tokens
       batch["targets"][row, len(tokens)] = vocab.EOS_ID
+      if data.prefix is not None:          # the language tag is given, not predicted
+        batch["targets"][row, 0] = vocab.PAD_ID
       batch["weights"][row] = 1.0
       batch["index"][row] = i
       for name, values in self.tags.items():

@@ -26,6 +26,7 @@ import optax
 
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import faults
+from multiformer_jax import head_selection
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.metrics import label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
@@ -78,22 +79,61 @@ def create_state(model: S2TModel, tx, key) -> TrainState:
                     nonfinite=jnp.array(0, jnp.int32))
 
 
-def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float):
-  """-> (train_step(state, batch, apply_update), eval_step(state, batch)), compiled."""
+def selection_temperature(train_cfg, initial: float, step):
+  """Gumbel-sigmoid temperature after `step` updates: max(min, initial * exp(-decay * step));
+  decay 0 (the reference) keeps it constant."""
+  decay = train_cfg.selection_temperature_decay
+  if not decay:
+    return jnp.asarray(initial, jnp.float32)
+  return jnp.maximum(train_cfg.selection_temperature_min,
+                     initial * jnp.exp(-decay * jnp.asarray(step, jnp.float32)))
 
-  def loss_sums(params, batch, deterministic, key=None):
+
+def batch_tasks(batch, model_config: ModelConfig):
+  """[batch] task ids of a batch (None for a one-task model)."""
+  return batch[model_config.task_tag] if model_config.task_tag else None
+
+
+def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
+               train_cfg=None):
+  """-> (train_step(state, batch, apply_update), eval_step(state, batch)), compiled.
+
+  Head-selection models add the KL term of their Gumbel-sigmoid samples, weighted by each
+  task's target tokens (train.kl_weight; 0 in the published recipes, then it is only logged).
+  """
+  cfg = model.config
+  selecting = bool(cfg.encoder_candidates or cfg.decoder_candidates)
+
+  def loss_sums(params, batch, deterministic, key=None, step=None):
     rngs = {"dropout": key} if key is not None else {}
-    logits = model.apply({"params": params}, batch["features"], batch["lengths"],
-                         batch["prev_tokens"], deterministic, rngs=rngs)
+    tasks = batch_tasks(batch, cfg)
+    temperature = None if step is None or train_cfg is None else selection_temperature(
+        train_cfg, cfg.selection_temperature, step)
+    logits, sown = model.apply({"params": params}, batch["features"], batch["lengths"],
+                               batch["prev_tokens"], deterministic, tasks, temperature,
+                               rngs=rngs, mutable=["selection"])
     targets = jnp.where(batch["weights"][:, None] > 0, batch["targets"], PAD_ID)
     loss, nll, tokens = label_smoothed_nll(logits, targets, label_smoothing)
-    return loss, {"nll": nll, "tokens": tokens}
+    aux = {"nll": nll, "tokens": tokens}
+    if selecting and not deterministic:
+      task_ids = jnp.zeros(batch["weights"].shape, jnp.int32) if tasks is None else tasks
+      per_example = jnp.sum(targets != PAD_ID, axis=1).astype(jnp.float32)
+      task_tokens = jnp.zeros(cfg.num_tasks).at[jnp.clip(task_ids, 0)].add(per_example)
+      kl = 0.0
+      for stack, candidates, heads in (("encoder", cfg.encoder_candidates, cfg.encoder_heads),
+                                       ("decoder", cfg.decoder_candidates, cfg.decoder_heads)):
+        if candidates:
+          samples = sown["selection"][stack]["head_selector"]["samples"][0]
+          kl = kl + head_selection.selection_kl(samples, task_tokens, heads / candidates)
+      aux["kl"] = kl
+      loss = loss + train_cfg.kl_weight * kl
+    return loss, aux
 
   def train_step(state: TrainState, batch, apply_update: bool):
     key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
                              dp.device_index())
     (loss, aux), grads = jax.value_and_grad(loss_sums, has_aux=True)(
-        state.params, batch, False, key)
+        state.params, batch, False, key, state.step)
     sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
                     "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
     grads = dp.psum(grads)
@@ -135,11 +175,19 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       num_buckets=d.num_buckets if split_kind != "test" else config.eval.num_buckets,
       max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
-      specaugment=d.specaugment and split_kind == "train", seed=d.seed)
+      specaugment=d.specaugment and split_kind == "train", seed=d.seed,
+      target_lang_tag=d.target_lang_tag)
 
 
-def model_config_for(config, vocab_size: int) -> ModelConfig:
-  return ModelConfig.from_dict({**config.model.to_dict(), "vocab_size": vocab_size})
+def model_config_for(config, vocab_size: int, tags=None) -> ModelConfig:
+  """The model config with the sizes the data decides: the vocabulary and, for a multi-task
+  model, the number of tasks (the training split's distinct values of model.task_tag)."""
+  values = {**config.model.to_dict(), "vocab_size": vocab_size}
+  if config.model.task_tag:
+    if tags is None:
+      raise ValueError("model.task_tag is set: the training split's tags are needed")
+    values["num_tasks"] = max(1, len(tags[config.model.task_tag]))
+  return ModelConfig.from_dict(values)
 
 
 def carry_encoder(params, asr_params, log: logging.Logger):
@@ -200,9 +248,12 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   scfg = config[stage]
   train_data = ip.SplitData(pipeline_config(config, stage), config.data.train_split)
   dev_data = ip.SplitData(pipeline_config(config, stage, "dev"), config.data.dev_split)
-  model = S2TModel(model_config_for(config, train_data.vocab.size))
   train_batcher = ip.Batcher(train_data, True, dp.global_batch_multiple, jax.process_index(),
                              jax.process_count())
+  model = S2TModel(model_config_for(config, train_data.vocab.size, train_batcher.tags))
+  if model.config.task_tag:
+    log.info("stage %s: %d tasks by %s: %s", stage, model.config.num_tasks,
+             model.config.task_tag, ", ".join(train_batcher.tags[model.config.task_tag]))
   dev_batcher = ip.Batcher(dev_data, False, dp.global_batch_multiple, jax.process_index(),
                            jax.process_count(), tags=train_batcher.tags)
   if train_batcher.too_long:
@@ -232,7 +283,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   log.info("%s: %d parameters", stage, sum(x.size for x in jax.tree_util.tree_leaves(
       state.params)))
 
-  train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing)
+  train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing,
+                                     config.train)
   step = int(state.step)
   state = dp.replicate(state)
   logger.start(step, scfg.max_updates)
@@ -335,9 +387,10 @@ def ensure_prepared(config, log: logging.Logger):
                             f"download directory, or run python -m data_prep.prepare")
   if d.embedded:
     log.info("building the embedded corpus in %s", d.root)
-    spec = embedded_corpus.CorpusSpec(sources=tuple(d.embedded_sources.split(",")),
-                                      target=d.embedded_target, seed=d.seed)
-    embedded_corpus.build(d.root, spec)
+    for target in d.embedded_target.split(","):
+      spec = embedded_corpus.CorpusSpec(sources=tuple(d.embedded_sources.split(",")),
+                                        target=target, seed=d.seed)
+      embedded_corpus.build(d.root, spec)
   log.info("preparing %s -> %s", d.root, d.prepared_dir)
   prepare.prepare(d.corpus, d.root, d.pairs.split(","), d.prepared_dir,
                   [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab)

@@ -34,6 +34,12 @@ class Run:
   checkpoint: str          # which checkpoint (description)
   data: ip.SplitData
   batcher: ip.Batcher
+  tags: dict | None = None  # the training split's tag values (task names of a multi-task model)
+
+  @property
+  def task_names(self) -> list[str]:
+    tag = self.model.config.task_tag
+    return list(self.tags[tag]) if tag and self.tags else ["all"]
 
   @property
   def layout(self):
@@ -50,11 +56,14 @@ def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str
     raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({ckpt_dir}); stages with "
                             f"checkpoints: {stages or 'none'}")
   data = ip.SplitData(pipeline_config(config, stage, "test"), split or config.data.dev_split)
-  model_config = dataclasses.replace(model_config_for(config, data.vocab.size), dtype="float32")
+  tags = ip.split_tags(ip.SplitData(pipeline_config(config, stage), config.data.train_split)) \
+      if config.model.task_tag else None
+  model_config = dataclasses.replace(model_config_for(config, data.vocab.size, tags),
+                                     dtype="float32")
   params, which = ckpt_lib.StageCheckpoints(ckpt_dir).select_params(checkpoint, average_last)
   params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.float32), params)
   return Run(config, stage, S2TModel(model_config), params, which, data,
-             ip.Batcher(data, False))
+             ip.Batcher(data, False, tags=tags), tags)
 
 
 def sample_utterances(data: ip.SplitData, count: int, seed: int = 0) -> np.ndarray:

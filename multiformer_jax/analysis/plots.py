@@ -132,3 +132,54 @@ def window_sizes(table, path: str):
   right.set_ylabel("CL(l, w^l)", color="tab:red")
   ax.set_title("window selection (Algorithm 1)", fontsize=10)
   return _save(fig, path)
+
+
+def selected_heads(masks: np.ndarray, labels, task_names, title: str, path: str):
+  """Per task a layers x candidates grid, the selected heads filled, each cell's kind written."""
+  tasks, layers, candidates = masks.shape
+  fig, axes = _grid(tasks, width=0.55 * candidates + 1.6, height=0.38 * layers + 1.2)
+  for t, ax in enumerate(axes[:tasks]):
+    ax.imshow(masks[t], cmap="Blues", vmin=0, vmax=1.4, aspect="auto")
+    for l in range(layers):
+      for h in range(candidates):
+        ax.text(h, l, labels[l][h].split("(")[0][:4], ha="center", va="center", fontsize=5.5,
+                color="white" if masks[t, l, h] else "grey")
+    ax.set_xticks(range(candidates), [str(h + 1) for h in range(candidates)], fontsize=7)
+    ax.set_yticks(range(layers), [str(l + 1) for l in range(layers)], fontsize=7)
+    ax.set_xlabel("candidate head", fontsize=7)
+    ax.set_ylabel("layer", fontsize=7)
+    ax.set_title(f"{task_names[t]}", fontsize=9)
+  fig.suptitle(title, fontsize=10)
+  return _save(fig, path)
+
+
+def shared_heads(matrix: np.ndarray, task_names, title: str, path: str):
+  """tasks x tasks: the fraction of a task's selected heads another task also selects."""
+  n = len(task_names)
+  fig, ax = plt.subplots(figsize=(0.7 * n + 2.5, 0.6 * n + 2))
+  image = ax.imshow(matrix, cmap="viridis", vmin=0, vmax=1)
+  for a in range(n):
+    for b in range(n):
+      ax.text(b, a, f"{matrix[a, b]:.2f}", ha="center", va="center", fontsize=7,
+              color="black" if matrix[a, b] > 0.6 else "white")
+  ax.set_xticks(range(n), task_names, rotation=45, fontsize=8)
+  ax.set_yticks(range(n), task_names, fontsize=8)
+  ax.set_title(title, fontsize=10)
+  fig.colorbar(image, ax=ax, fraction=0.04)
+  return _save(fig, path)
+
+
+def head_load(load: np.ndarray, labels, num_tasks: int, title: str, path: str):
+  """layers x candidates: how many tasks use each head."""
+  layers, candidates = load.shape
+  fig, ax = plt.subplots(figsize=(0.7 * candidates + 2.5, 0.45 * layers + 1.5))
+  image = ax.imshow(load, cmap="magma", vmin=0, vmax=num_tasks, aspect="auto")
+  for l in range(layers):
+    for h in range(candidates):
+      ax.text(h, l, f"{labels[l][h].split('(')[0][:4]}\n{int(load[l, h])}", ha="center",
+              va="center", fontsize=6, color="white" if load[l, h] < num_tasks * 0.6 else "black")
+  ax.set_xticks(range(candidates), [str(h + 1) for h in range(candidates)])
+  ax.set_yticks(range(layers), [f"layer {l + 1}" for l in range(layers)])
+  ax.set_title(title, fontsize=10)
+  fig.colorbar(image, ax=ax, fraction=0.04, label="tasks using the head")
+  return _save(fig, path)

@@ -1,0 +1,61 @@
+"""Head selection on the embedded corpus, CPU-sized: German, Spanish and French speech -> English.
+
+The embedded corpus (espeak-ng voices over human-translated message catalogs) built for three
+source languages; a task is the source language. Every encoder layer has 8 candidate heads of
+four kinds, 2 full, 2 local(65), 2 conv(5,2), 2 kernel(64), of which each language selects 4
+(subset strategy: any 4, so each language learns its own mix of kinds; under `group` the slots
+would choose between candidates g and g+4 only); decoder self-attention selects 4 of 8 full heads.
+The model is the quickstart's size (d=128, 6 encoder / 2 decoder layers).
+
+Variants: `:baseline` (4 shared heads of the same kinds, no selection), `:adapters`
+(the baseline plus per-task adapters), `:group`, and those of default.py.
+
+Run:  python run.py --config=configs/head_selection_embedded.py --workdir=runs/hs_embedded
+      python run.py --config=configs/head_selection_embedded.py:baseline \
+          --workdir=runs/hs_embedded_baseline
+then  python -m multiformer_jax.analyze selection --workdir runs/hs_embedded --out ...
+"""
+
+from configs import default, quickstart
+
+CANDIDATES = "6x(2*full+2*local(65)+2*conv(5,2)+2*kernel(64))"
+
+
+def baseline(config):
+  m = config.model
+  m.encoder_layout = "6x(1*full+1*local(65)+1*conv(5,2)+1*kernel(64))"
+  m.encoder_candidates = m.decoder_candidates = 0
+  config.name = "multilingual_embedded_baseline"
+  return config
+
+
+def adapters(config):
+  config = baseline(config)
+  config.model.adapter_dim = 32
+  config.name = "multilingual_embedded_adapters"
+  return config
+
+
+def group(config):
+  config.model.selection_strategy = "group"
+  return config
+
+
+def get_config(arg=None):
+  config = quickstart.get_config()
+  config.name = "head_selection_embedded"
+  m = config.model
+  m.encoder_layout = CANDIDATES
+  m.encoder_heads, m.encoder_candidates = 4, 8
+  m.decoder_heads, m.decoder_candidates = 4, 8
+  m.selection_strategy = "subset"
+  m.task_tag = "source_lang"
+  d = config.data
+  d.root = "data/embedded_multilingual"
+  d.prepared_dir = "data/prepared/embedded_de_es_fr_en"
+  d.embedded_sources, d.embedded_target = "de,es,fr", "en"
+  d.pairs = "de-en,es-en,fr-en"
+  d.asr_vocab, d.st_vocab = 1000, 500
+  config.reported.source = "no published number (embedded corpus)"
+  return default.apply_arg(config, arg, {"baseline": baseline, "adapters": adapters,
+                                         "group": group})

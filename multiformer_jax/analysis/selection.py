@@ -1,0 +1,75 @@
+"""What a head-selection model learned: which candidate heads each task uses in each layer.
+
+Data-free: read off the selection logits of a checkpoint with the inference rule (top-H or
+per-group argmax; multiformer_jax.head_selection.select). For heterogeneous candidates the
+kinds a task selects are the automatic counterpart of the thesis's W_o-driven layout redesign.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from multiformer_jax import head_selection
+from multiformer_jax import layout as layout_lib
+
+
+def selection_masks(logits: np.ndarray, num_heads: int, strategy: str) -> np.ndarray:
+  """logits [tasks, layers, H'] -> bool [tasks, layers, H']: the heads used at inference."""
+  indices, _ = head_selection.select(np.asarray(logits), num_heads, strategy)
+  masks = np.zeros(np.shape(logits), bool)
+  np.put_along_axis(masks, np.asarray(indices), True, axis=-1)
+  return masks
+
+
+def stacks(model_config, params) -> dict[str, dict]:
+  """{'encoder' | 'decoder': {'masks': [tasks, layers, H'], 'labels': per layer the candidate
+  kinds, 'logits'}} for each stack that selects heads."""
+  out = {}
+  if model_config.encoder_candidates:
+    logits = np.asarray(params["encoder"]["head_selector"]["logits"])
+    labels = [[str(k) for k in layout_lib.layer_head_kinds(layer)]
+              for layer in model_config.layout]
+    out["encoder"] = {"logits": logits, "labels": labels, "masks": selection_masks(
+        logits, model_config.encoder_heads, model_config.selection_strategy)}
+  if model_config.decoder_candidates:
+    logits = np.asarray(params["decoder"]["head_selector"]["logits"])
+    labels = [["full"] * model_config.decoder_candidates] * model_config.decoder_layers
+    out["decoder"] = {"logits": logits, "labels": labels, "masks": selection_masks(
+        logits, model_config.decoder_heads, model_config.selection_strategy)}
+  return out
+
+
+def shared_heads(masks: np.ndarray) -> np.ndarray:
+  """[tasks, tasks]: the fraction of task a's selected heads (all layers) that task b also
+  selects (paper figure 3: how much two tasks share)."""
+  flat = masks.reshape(masks.shape[0], -1).astype(float)
+  return (flat @ flat.T) / np.maximum(flat.sum(1, keepdims=True), 1)
+
+
+def head_load(masks: np.ndarray) -> np.ndarray:
+  """[layers, H']: how many tasks use each candidate head (paper figure 4)."""
+  return masks.sum(0)
+
+
+def kinds_per_task(masks: np.ndarray, labels, task_names) -> list[dict]:
+  """Rows {task, kind: selected heads of that kind over all layers}."""
+  kinds = sorted({label.split("(")[0] for layer in labels for label in layer})
+  rows = []
+  for t, name in enumerate(task_names):
+    counts = collections.Counter(labels[l][h].split("(")[0]
+                                 for l, h in zip(*np.nonzero(masks[t])))
+    rows.append({"task": name, **{kind: counts.get(kind, 0) for kind in kinds}})
+  return rows
+
+
+def selection_rows(masks: np.ndarray, labels, task_names) -> list[dict]:
+  """Rows {task, layer, selected: 'h (kind) ...'} of the inference-time selection."""
+  rows = []
+  for t, name in enumerate(task_names):
+    for l in range(masks.shape[1]):
+      chosen = np.flatnonzero(masks[t, l])
+      rows.append({"task": name, "layer": l + 1,
+                   "selected": " ".join(f"{h + 1}:{labels[l][h]}" for h in chosen)})
+  return rows
