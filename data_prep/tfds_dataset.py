@@ -6,6 +6,7 @@ half-written dataset is never visible as complete.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Iterator
 
@@ -22,7 +23,10 @@ def split_name(split: str) -> str:
   return split.replace("-", "_")
 
 
+@functools.lru_cache(maxsize=None)
 def _builder_class():
+  """The builder class, defined once per process (TFDS registers dataset names globally, so
+  preparing a second corpus in the same process must reuse it)."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
 
   class SpeechTranslation(tfds.core.GeneratorBasedBuilder):

@@ -31,9 +31,9 @@ def _sentence(n):
   return " ".join(RNG.choice(WORDS, size=n))
 
 
-def write_split(root, split, talks):
+def write_split(root, split, talks, pair="en-de"):
   """talks: {name: (kind, seconds, [(offset, duration, src, tgt)])} -> MuST-C files."""
-  base = os.path.join(root, "en-de", "data", split)
+  base = os.path.join(root, pair, "data", split)
   os.makedirs(os.path.join(base, "wav"))
   os.makedirs(os.path.join(base, "txt"))
   yaml_lines, sources, targets = [], [], []
@@ -63,7 +63,8 @@ def write_split(root, split, talks):
                         f"wav: {name}.wav}}\n")
       sources.append(src + "\n")
       targets.append(tgt + "\n")
-  for ext, lines in (("yaml", yaml_lines), ("en", sources), ("de", targets)):
+  src, tgt = pair.split("-")
+  for ext, lines in (("yaml", yaml_lines), (src, sources), (tgt, targets)):
     with open(os.path.join(base, "txt", f"{split}.{ext}"), "w", encoding="utf-8") as f:
       f.writelines(lines)
 

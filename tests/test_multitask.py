@@ -1,0 +1,123 @@
+"""Multi-task training end to end: a one-to-many corpus (en -> de, fr) with target-language
+tags, head selection per target language in encoder and decoder, the KL term, per-task
+evaluation, the results table and the selection analysis."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from data_prep import prepare, vocab
+from multiformer_jax import ablate, analyze, decode, evaluate
+from multiformer_jax import input_pipeline as ip
+from multiformer_jax import train
+from multiformer_jax.analysis import selection as selection_lib
+from tests.conftest import _good_segments, write_split
+from tests.test_train import tiny_config
+
+PAIRS = ("en-de", "en-fr")
+
+
+@pytest.fixture(scope="module")
+def one_to_many(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("corpus_multi"))
+  for pair in PAIRS:
+    for split, talks in (("train", 4), ("dev", 2)):
+      write_split(root, split, {f"{pair}_{split}{i}": ("wav", *_good_segments(5)[::-1])
+                                for i in range(talks)}, pair)
+  out = str(tmp_path_factory.mktemp("prepared_multi"))
+  prepare.prepare("mustc", root, list(PAIRS), out, ["train", "dev"], asr_vocab=40,
+                  st_vocab=48, workers=1, progress=False)
+  return out
+
+
+def multitask_config(prepared_dir):
+  config = tiny_config(prepared_dir, max_updates=4, eval_every=4)
+  m = config.model
+  m.encoder_heads, m.encoder_candidates, m.decoder_candidates = 2, 4, 4
+  m.task_tag = "target_lang"
+  config.data.pairs = ",".join(PAIRS)
+  config.data.target_lang_tag = True
+  config.train.kl_weight = 0.5
+  config.train.selection_temperature_decay = 0.1
+  return config
+
+
+def test_target_language_tags_prefix_the_targets_and_stay_out_of_the_loss(one_to_many):
+  config = multitask_config(one_to_many)
+  data = ip.SplitData(train.pipeline_config(config, "st"), "train")
+  tags = {lang: data.vocab.symbol_id(vocab.lang_tag(lang)) for lang in ("de", "fr")}
+  assert None not in tags.values() and len(set(tags.values())) == 2
+  batcher = ip.Batcher(data, True)
+  batch = batcher.assemble(0, np.arange(4), 0)
+  for row in range(4):
+    lang = batcher.tags["target_lang"][batch["target_lang"][row]]
+    assert batch["prev_tokens"][row, 1] == tags[lang]         # EOS, tag, tokens ...
+    assert batch["targets"][row, 0] == vocab.PAD_ID            # the tag is not predicted
+  # ASR targets (transcripts) get no tag.
+  asr = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  assert asr.prefix is None
+
+
+def test_a_single_target_corpus_has_no_tags_and_says_so(prepared):
+  config = multitask_config(prepared[1])
+  with pytest.raises(ValueError, match=r"no <lang:de> symbol"):
+    ip.SplitData(train.pipeline_config(config, "st"), "train")
+
+
+def test_forced_prefix_in_beam_search():
+  vocab_size, beam = 7, 2
+
+  def step_fn(tokens, i, cache):                 # prefers token 5, then EOS
+    logits = jnp.where(i == 0, jnp.array([0, 0, -9, 0, 0, 3.0, 0]), jnp.array(
+        [0, 0, 3.0, 0, 0, 0, 0]))
+    return jnp.tile(logits, (tokens.shape[0], 1)), cache
+  tokens, _ = decode.beam_search(step_fn, jnp.zeros(4), 2, beam, 4, jnp.array([3, 3]),
+                                 vocab_size, prefix_tokens=jnp.array([4, 6]))
+  assert np.asarray(tokens)[:, 0].tolist() == [4, 6]
+  free, _ = decode.beam_search(step_fn, jnp.zeros(4), 2, beam, 4, jnp.array([3, 3]),
+                               vocab_size)
+  assert np.asarray(free)[:, 0].tolist() == [5, 5]
+
+
+def test_head_selection_run_end_to_end(one_to_many, tmp_path):
+  config = multitask_config(one_to_many)
+  config.eval.after_training = True
+  workdir = str(tmp_path)
+  results = train.train_and_evaluate(config, workdir)
+  st = results["st"]["eval"]
+  assert set(st["by_tag"]["target_lang"]) == {"de", "fr"}
+  assert set(st["by_tag"]["pair"]) == set(PAIRS)
+  assert sum(r["utterances"] for r in st["by_tag"]["target_lang"].values()) == st["utterances"]
+  with open(os.path.join(workdir, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+    assert "<lang:" not in f.read()                         # the forced tag is stripped
+  row = ablate.collect_row(workdir, "multi")
+  assert row["st_bleu_by_task"].startswith("de ") and " · fr " in row["st_bleu_by_task"]
+  with open(os.path.join(workdir, "st", "log.jsonl"), encoding="utf-8") as f:
+    assert all(np.isfinite(r["loss"]) for r in map(json.loads, f) if "loss" in r)
+  # What was learned, per target language: plots and tables.
+  out = str(tmp_path / "analysis")
+  analyze.main(["selection", "--workdir", workdir, "--stage", "st", "--out", out])
+  for name in ("encoder_selected.png", "encoder_shared.png", "encoder_load.png",
+               "decoder_load.png", "encoder_kinds.md", "encoder_selection.csv"):
+    assert os.path.exists(os.path.join(out, f"st_{name}")), name
+  with pytest.raises(SystemExit, match="analyze selection"):
+    analyze.main(["heads", "--workdir", workdir, "--stage", "st", "--out", out])
+
+
+def test_selection_statistics():
+  masks = np.zeros((3, 2, 4), bool)            # [tasks, layers, H'], 2 of 4 per layer
+  masks[0, :, :2] = masks[1, :, :2] = True     # tasks 0 and 1 share everything
+  masks[2, :, 2:] = True                       # task 2 shares nothing
+  np.testing.assert_allclose(selection_lib.shared_heads(masks),
+                             [[1, 1, 0], [1, 1, 0], [0, 0, 1]])
+  np.testing.assert_array_equal(selection_lib.head_load(masks), [[2, 2, 1, 1], [2, 2, 1, 1]])
+  labels = [["full", "local(3)", "conv(3,2)", "kernel(8)"]] * 2
+  rows = selection_lib.kinds_per_task(masks, labels, ["a", "b", "c"])
+  assert rows[0] == {"task": "a", "conv": 0, "full": 2, "kernel": 0, "local": 2}
+  assert rows[2] == {"task": "c", "conv": 2, "full": 0, "kernel": 2, "local": 0}
+  np.testing.assert_array_equal(
+      selection_lib.selection_masks(np.array([[[0.1, 0.9, 0.5, 0.2]]]), 2, "subset"),
+      [[[False, True, True, False]]])
