@@ -95,6 +95,8 @@ class StageLogger:
               "frames_per_s": sums["frames"] / max(elapsed, 1e-9),
               "step_time_s": elapsed / max(len([m for m in values if "grad_norm" in m]), 1),
               "skipped_updates": len(skipped_ids)}
+    if any("kl" in m for m in values):   # head selection: the token-weighted KL of the samples
+      record["selection_kl"] = sum(first(m["kl"]) for m in values if "kl" in m) / tokens
     self.scalars(step, record)
     if self.bar is not None:
       self.bar.n = step

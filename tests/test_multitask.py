@@ -96,7 +96,8 @@ def test_head_selection_run_end_to_end(one_to_many, tmp_path):
   row = ablate.collect_row(workdir, "multi")
   assert row["st_bleu_by_task"].startswith("de ") and " · fr " in row["st_bleu_by_task"]
   with open(os.path.join(workdir, "st", "log.jsonl"), encoding="utf-8") as f:
-    assert all(np.isfinite(r["loss"]) for r in map(json.loads, f) if "loss" in r)
+    logged = [r for r in map(json.loads, f) if "loss" in r]
+  assert logged and all(np.isfinite([r["loss"], r["selection_kl"]]).all() for r in logged)
   # What was learned, per target language: plots and tables.
   out = str(tmp_path / "analysis")
   analyze.main(["selection", "--workdir", workdir, "--stage", "st", "--out", out])
