@@ -157,10 +157,36 @@ def read_europarl_st(root: str, pair: str = "de-en", split: str = "train"):
 
 
 READERS = {"mustc": read_mustc, "mtedx": read_mtedx, "europarl_st": read_europarl_st}
+# Another corpus's name for a split, so one split name serves corpora prepared together
+# (e.g. dev = mTEDx's valid, test = MuST-C's tst-COMMON).
+SPLIT_ALIASES = {"mustc": {"valid": "dev", "test": "tst-COMMON"},
+                 "mtedx": {"dev": "valid", "tst-COMMON": "test"},
+                 "europarl_st": {"valid": "dev", "tst-COMMON": "test"}}
 
 
 def read_corpus(corpus: str, root: str, pair: str, split: str) -> list[SegmentRecord]:
   if corpus not in READERS:
     raise ValueError(f"unknown corpus {corpus!r}; valid: {sorted(READERS)} (the embedded "
                      f"corpus is read as mustc)")
+  if split not in SPLITS[corpus]:
+    split = SPLIT_ALIASES[corpus].get(split, split)
   return READERS[corpus](root, pair, split)
+
+
+def read_corpora(corpus: str, root: str, pairs: list[str], split: str) -> list[SegmentRecord]:
+  """Several corpora prepared as one dataset (multi-domain): `corpus` and `root` are
+  comma-separated and aligned (e.g. 'mtedx,europarl_st' and '/data/mtedx,/data/ep'); each is
+  read for every pair. With several corpora ids and talks are prefixed by the corpus name, so
+  they stay unique, and each record's domain is its corpus (unless its segment list names one)."""
+  corpora, roots = corpus.split(","), root.split(",")
+  if len(corpora) != len(roots):
+    raise ValueError(f"{len(corpora)} corpora ({corpus!r}) but {len(roots)} roots ({root!r}); "
+                     f"give one root per corpus, comma-separated, in the same order")
+  records = []
+  for name, directory in zip(corpora, roots):
+    for pair in pairs:
+      for r in read_corpus(name, directory, pair, split):
+        if len(corpora) > 1:
+          r = dataclasses.replace(r, id=f"{name}_{r.id}", talk=f"{name}_{r.talk}")
+        records.append(r)
+  return records

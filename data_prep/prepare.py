@@ -125,10 +125,9 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   if os.path.exists(done_marker):
     with open(done_marker, encoding="utf-8") as f:
       return json.load(f)
-  splits = splits or [s for s in corpora.SPLITS[corpus] if s != "tst-HE"]
+  splits = splits or [s for s in corpora.SPLITS[corpus.split(",")[0]] if s != "tst-HE"]
   # Read every split's segment list first: layout errors surface before any work is done.
-  records = {s: [r for p in pairs for r in corpora.read_corpus(corpus, root, p, s)]
-             for s in splits}
+  records = {s: corpora.read_corpora(corpus, root, pairs, s) for s in splits}
   jobs = {}
   for split, recs in records.items():
     talks = collections.defaultdict(list)
@@ -192,7 +191,8 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
                                        os.path.join(out, "spm_asr"), asr_vocab),
       "st": vocab.train_sentencepiece(list(train_index["target_text"]),
                                       os.path.join(out, "spm_st"), st_vocab, tags)}
-  summary = {"corpus": corpus, "root": os.path.abspath(root), "pairs": pairs,
+  summary = {"corpus": corpus, "root": ",".join(map(os.path.abspath, root.split(","))),
+             "pairs": pairs,
              "splits": {s: report[s]["kept"] for s in splits}, "tfds_dir": "tfds",
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
                        for task, p in vocabularies.items()},
@@ -203,8 +203,11 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
 
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--corpus", default="mustc", choices=sorted(corpora.READERS))
-  parser.add_argument("--root", required=True, help="the corpus download directory")
+  parser.add_argument("--corpus", default="mustc",
+                      help=f"{', '.join(sorted(corpora.READERS))}; several comma-separated "
+                           f"(multi-domain), with one --root each")
+  parser.add_argument("--root", required=True, help="the corpus download directory (several: "
+                                                    "comma-separated, as --corpus)")
   parser.add_argument("--pairs", default="en-de", help="comma-separated, e.g. en-de,en-es")
   parser.add_argument("--out", required=True)
   parser.add_argument("--splits", default="", help="comma-separated; default: all but tst-HE")

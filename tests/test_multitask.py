@@ -122,3 +122,60 @@ def test_selection_statistics():
   np.testing.assert_array_equal(
       selection_lib.selection_masks(np.array([[[0.1, 0.9, 0.5, 0.2]]]), 2, "subset"),
       [[[False, True, True, False]]])
+
+
+def _write_europarl(root, pair, split, talks):
+  """Europarl-ST layout: {root}/{src}/{tgt}/{split}/segments.{lst,src,tgt} and
+  {root}/{src}/audios/{speech}.wav."""
+  import soundfile  # pylint: disable=import-outside-toplevel
+  from tests.conftest import _audio  # pylint: disable=import-outside-toplevel
+  src, tgt = pair.split("-")
+  split_dir = os.path.join(root, src, tgt, split)
+  audio_dir = os.path.join(root, src, "audios")
+  os.makedirs(split_dir, exist_ok=True)
+  os.makedirs(audio_dir, exist_ok=True)
+  lines = {"lst": [], src: [], tgt: []}
+  for name, (seconds, segments) in talks.items():
+    soundfile.write(os.path.join(audio_dir, f"{name}.wav"), _audio(seconds), 16000)
+    for offset, duration, source, target in segments:
+      lines["lst"].append(f"{name} {offset} {offset + duration:.2f}\n")
+      lines[src].append(source + "\n")
+      lines[tgt].append(target + "\n")
+  for ext, content in lines.items():
+    with open(os.path.join(split_dir, f"segments.{ext}"), "w", encoding="utf-8") as f:
+      f.writelines(content)
+
+
+def test_two_corpora_prepare_as_one_multi_domain_dataset(tmp_path):
+  """mTEDx (flac, splits train/valid) and Europarl-ST layouts prepared together: one split
+  name serves both (dev = mTEDx's valid) and each utterance's domain is its corpus."""
+  import soundfile  # pylint: disable=import-outside-toplevel
+  mtedx, europarl = str(tmp_path / "mtedx"), str(tmp_path / "europarl")
+  for split, talks in (("train", 3), ("valid", 1)):
+    write_split(mtedx, split, {f"t{i}": ("wav", *_good_segments(4)[::-1])
+                               for i in range(talks)}, "es-en")
+    wav_dir = os.path.join(mtedx, "es-en", "data", split, "wav")
+    for name in os.listdir(wav_dir):               # mTEDx ships flac
+      audio, rate = soundfile.read(os.path.join(wav_dir, name))
+      soundfile.write(os.path.join(wav_dir, name.replace(".wav", ".flac")), audio, rate)
+      os.remove(os.path.join(wav_dir, name))
+    yaml_path = os.path.join(mtedx, "es-en", "data", split, "txt", f"{split}.yaml")
+    with open(yaml_path, encoding="utf-8") as f:
+      text = f.read().replace(".wav}", ".flac}")
+    with open(yaml_path, "w", encoding="utf-8") as f:
+      f.write(text)
+  for split, talks in (("train", 3), ("dev", 1)):
+    _write_europarl(europarl, "es-en", split, {
+        f"t{i}": (lambda segs, end: (end, segs))(*_good_segments(4)) for i in range(talks)})
+  out = str(tmp_path / "prepared")
+  summary = prepare.prepare("mtedx,europarl_st", f"{mtedx},{europarl}", ["es-en"], out,
+                            ["train", "dev"], asr_vocab=40, st_vocab=40, workers=1,
+                            progress=False)
+  assert summary["splits"] == {"train": 24, "dev": 8}
+  config = tiny_config(out)
+  config.model.task_tag = "domain"
+  data = ip.SplitData(train.pipeline_config(config, "st"), "dev")
+  assert sorted(set(data.tag_values["domain"])) == ["europarl", "mtedx"]
+  assert len(set(data.ids)) == len(data.ids)                   # ids stay unique
+  with pytest.raises(ValueError, match="one root per corpus"):
+    prepare.prepare("mtedx,europarl_st", mtedx, ["es-en"], str(tmp_path / "x"), ["train"])
