@@ -11,7 +11,7 @@ Reported (mTEDx multilingual ST, average BLEU over directions): 13.2 without sel
 15.2 with group selection; multilingual ASR WER 49.0 -> 40.0.
 
 Variants (`:name`, comma-separated with key=value):
-  subset    the subset strategy;  domain  tasks are domains (multi-domain data);
+  subset    the subset strategy;  domain  tasks are domains: mTEDx + Europarl-ST X -> en;
   noisy     the reference's noisy inference;  runlocal  a CPU-sized model.
 The baselines are their own experiments: multilingual_s2t_transformer_s.py (no selection) and
 adapters_s2t_transformer_s.py (per-task adapters).
@@ -58,7 +58,14 @@ def subset(config):
 
 
 def domain(config):
+  """Multi-domain: mTEDx and Europarl-ST prepared as one dataset (data.root: both roots,
+  comma-separated), X -> en directions present in both, a task per corpus."""
   config.model.task_tag = "domain"
+  d = config.data
+  d.corpus, d.pairs = "mtedx,europarl_st", "es-en,fr-en,it-en,pt-en"
+  d.dev_split, d.test_split = "dev", "test"      # mTEDx's valid is read as dev
+  d.target_lang_tag = False                      # one target language
+  d.prepared_dir = "data/prepared/mtedx_europarl_st"
   return config
 
 
