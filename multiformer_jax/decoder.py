@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from multiformer_jax.attention.full import softmax_attention
 from multiformer_jax.attention.masks import causal_mask
 from multiformer_jax.feedforward import FeedForward, layer_norm
-from multiformer_jax.head_selection import HeadSelector, TaskAdapter, gather_heads
+from multiformer_jax.head_selection import gather_heads, layer_selections, stack_task_modules
 from multiformer_jax.initializers import (embedding_normal, torch_default_bias,
                                           xavier_uniform, xavier_uniform_qkv)
 from multiformer_jax.model_config import ModelConfig
@@ -126,24 +126,14 @@ class Decoder(nn.Module):
     self.output_projection = nn.Dense(
         cfg.vocab_size, use_bias=False, dtype=cfg.compute_dtype,
         kernel_init=nn.initializers.normal(cfg.d_model ** -0.5), name="output_projection")
-    if cfg.decoder_candidates:
-      self.head_selector = HeadSelector(cfg.num_tasks, cfg.decoder_layers,
-                                        cfg.decoder_candidates, cfg.decoder_heads,
-                                        cfg.selection_strategy, cfg.selection_inference,
-                                        name="head_selector")
-    if cfg.adapter_dim:
-      self.adapters = [TaskAdapter(cfg.num_tasks, cfg.d_model, cfg.adapter_dim,
-                                   cfg.compute_dtype, name=f"adapters_{i}")
-                       for i in range(cfg.decoder_layers)]
+    self.head_selector, self.adapters = stack_task_modules(cfg, "decoder")
 
   def selection(self, tasks, temperature=None, deterministic: bool = True):
-    """Per layer the (indices, weights) [rows, H] of the selected self-attention heads."""
+    """Per layer the (indices, weights) [rows, H] of the selected heads, or Nones."""
     cfg = self.config
-    if not cfg.decoder_candidates:
-      return [None] * cfg.decoder_layers
     temperature = cfg.selection_temperature if temperature is None else temperature
-    indices, weights = self.head_selector(tasks, temperature, deterministic)
-    return [(indices[:, i], weights[:, i]) for i in range(cfg.decoder_layers)]
+    return layer_selections(self.head_selector, cfg.decoder_layers, tasks, temperature,
+                            deterministic)
 
   def _adapt(self, i, x, tasks):
     return self.adapters[i](x, tasks) if self.config.adapter_dim else x

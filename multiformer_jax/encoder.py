@@ -14,7 +14,7 @@ from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.masks import lengths_to_mask
 from multiformer_jax.attention.multi import MultiHeadMultiAttention
 from multiformer_jax.feedforward import FeedForward, layer_norm
-from multiformer_jax.head_selection import HeadSelector, TaskAdapter
+from multiformer_jax.head_selection import layer_selections, stack_task_modules
 from multiformer_jax.model_config import ModelConfig
 from multiformer_jax.positions import padded_positions
 from multiformer_jax.subsampler import Conv1dSubsampler
@@ -57,24 +57,14 @@ class Encoder(nn.Module):
     self.layers = [EncoderLayer(cfg, layer, i, name=f"layers_{i}")
                    for i, layer in enumerate(cfg.layout)]
     self.layer_norm = layer_norm("layer_norm")
-    if cfg.encoder_candidates:
-      self.head_selector = HeadSelector(cfg.num_tasks, cfg.encoder_layers,
-                                        cfg.encoder_candidates, cfg.encoder_heads,
-                                        cfg.selection_strategy, cfg.selection_inference,
-                                        name="head_selector")
-    if cfg.adapter_dim:
-      self.adapters = [TaskAdapter(cfg.num_tasks, cfg.d_model, cfg.adapter_dim,
-                                   cfg.compute_dtype, name=f"adapters_{i}")
-                       for i in range(cfg.encoder_layers)]
+    self.head_selector, self.adapters = stack_task_modules(cfg, "encoder")
 
   def selection(self, tasks, temperature=None, deterministic: bool = True):
     """Per layer the (indices, weights) [batch, H] of the selected heads, or Nones."""
     cfg = self.config
-    if not cfg.encoder_candidates:
-      return [None] * cfg.encoder_layers
     temperature = cfg.selection_temperature if temperature is None else temperature
-    indices, weights = self.head_selector(tasks, temperature, deterministic)
-    return [(indices[:, i], weights[:, i]) for i in range(cfg.encoder_layers)]
+    return layer_selections(self.head_selector, cfg.encoder_layers, tasks, temperature,
+                            deterministic)
 
   def embed(self, features, lengths, deterministic: bool = True):
     """Subsampler + scale + positions + dropout: the input of layer 0, and its mask."""

@@ -114,6 +114,29 @@ class HeadSelector(nn.Module):
     return indices[tasks], weights[tasks]                  # [batch, layers, H] each
 
 
+def stack_task_modules(config, side: str):
+  """(HeadSelector or None, [TaskAdapter per layer] or None) of the encoder or decoder
+  (`side`), as `config` (a ModelConfig) asks; created inside the stack's setup."""
+  layers = getattr(config, f"{side}_layers")
+  candidates = getattr(config, f"{side}_candidates")
+  selector = HeadSelector(config.num_tasks, layers, candidates, getattr(config, f"{side}_heads"),
+                          config.selection_strategy, config.selection_inference,
+                          name="head_selector") if candidates else None
+  adapters = [TaskAdapter(config.num_tasks, config.d_model, config.adapter_dim,
+                          config.compute_dtype, name=f"adapters_{i}")
+              for i in range(layers)] if config.adapter_dim else None
+  return selector, adapters
+
+
+def layer_selections(selector, num_layers: int, tasks, temperature, deterministic: bool):
+  """Per layer the (indices, weights) [batch, H] of the selected heads (Nones without a
+  selector)."""
+  if selector is None:
+    return [None] * num_layers
+  indices, weights = selector(tasks, temperature, deterministic)
+  return [(indices[:, i], weights[:, i]) for i in range(num_layers)]
+
+
 def gather_heads(heads, indices, weights):
   """heads [batch, time, H', head_dim], indices / weights [batch, H] ->
   [batch, time, H, head_dim]: the selected heads in slot order, scaled by their weights."""

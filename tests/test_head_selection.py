@@ -1,7 +1,6 @@
 """Head selection (Gong et al. 2022) and the adapter baseline: selection rules, gradients, the KL
 term, per-example tasks, heterogeneous candidates, cached decoding."""
 
-import functools
 import math
 
 import flax
@@ -10,11 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax import ConfigError, ModelConfig, build_model, init_cache, init_params
+from multiformer_jax import ConfigError, ModelConfig, init_cache
 from multiformer_jax import head_selection as hs
 from multiformer_jax.attention.multi import MultiHeadMultiAttention
 from multiformer_jax.layout import parse_layout
 from multiformer_jax.metrics import label_smoothed_nll
+from tests.test_model import tiny_model_factory
 
 RNG = np.random.default_rng(0)
 
@@ -26,14 +26,7 @@ TINY = dict(vocab_size=29, input_dim=8, d_model=16, ffn_dim=24, encoder_layers=2
             dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
-@functools.lru_cache(maxsize=None)
-def _tiny(overrides):
-  model = build_model(ModelConfig(**{**TINY, **dict(overrides)}))
-  return model, init_params(model, jax.random.PRNGKey(0))
-
-
-def tiny_model(**overrides):
-  return _tiny(tuple(sorted(overrides.items())))
+tiny_model = tiny_model_factory(TINY)
 
 
 def _inputs(batch=3, frames=21):

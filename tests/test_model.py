@@ -20,15 +20,17 @@ TINY = dict(vocab_size=37, input_dim=12, d_model=32, ffn_dim=48, encoder_layers=
             dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
-@functools.lru_cache(maxsize=None)
-def _tiny(overrides):
-  model = build_model(ModelConfig(**{**TINY, **dict(overrides)}))
-  return model, init_params(model, jax.random.PRNGKey(0))
+def tiny_model_factory(base: dict):
+  """-> tiny_model(**overrides): (model, params) of ModelConfig(**base, **overrides), built
+  once per set of overrides."""
+  @functools.lru_cache(maxsize=None)
+  def build(overrides):
+    model = build_model(ModelConfig(**{**base, **dict(overrides)}))
+    return model, init_params(model, jax.random.PRNGKey(0))
+  return lambda **overrides: build(tuple(sorted(overrides.items())))
 
 
-def tiny_model(**overrides):
-  """A 3-layer model with every head kind (built once per set of overrides)."""
-  return _tiny(tuple(sorted(overrides.items())))
+tiny_model = tiny_model_factory(TINY)   # a 3-layer model with every head kind
 
 
 def jitted_apply(model):
