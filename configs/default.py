@@ -96,6 +96,7 @@ def get_config(arg=None):
   t.kl_weight = 0.0            # head selection: weight of the KL term (0 in the paper's recipe)
   t.selection_temperature_decay = 0.0   # tau(u) = max(min, tau0 * exp(-decay * u)); 0 = fixed
   t.selection_temperature_min = 0.5
+  t.selection_lr_multiplier = 1.0   # learning rate of the selection logits / the model's (1 = ref.)
   t.compilation_cache = "~/.cache/multiformer_jax/jax"   # persistent XLA cache; "" = off
 
   # --- the two stages ----------------------------------------------------------------------

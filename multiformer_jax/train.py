@@ -63,10 +63,24 @@ def inverse_sqrt_schedule(peak_lr: float, warmup: int):
 
 def make_optimizer(train_cfg, stage_cfg):
   schedule = inverse_sqrt_schedule(stage_cfg.lr, stage_cfg.warmup_updates)
-  tx = optax.chain(optax.clip_by_global_norm(train_cfg.clip_norm),
-                   optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
-                   optax.scale_by_learning_rate(schedule))
-  return tx, schedule
+  transforms = [optax.clip_by_global_norm(train_cfg.clip_norm),
+                optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
+                optax.scale_by_learning_rate(schedule)]
+  if train_cfg.selection_lr_multiplier != 1.0:
+    transforms.append(scale_head_selector_updates(train_cfg.selection_lr_multiplier))
+  return optax.chain(*transforms), schedule
+
+
+def scale_head_selector_updates(multiplier: float) -> optax.GradientTransformation:
+  """Multiplies the updates of the head-selection logits (a learning rate of their own, as
+  architecture parameters often get): with Adam a logit moves at most about lr per update, so
+  short runs barely leave the random initial selection at the model's learning rate."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, u: u * multiplier if "head_selector" in jax.tree_util.keystr(path) else u,
+        updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def create_state(model: S2TModel, tx, key) -> TrainState:
