@@ -129,7 +129,8 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   data = ip.SplitData(pipeline_config(config, stage, "test"), split)
   # Task ids are the training split's (as in training), whatever the evaluated split holds.
   train_tags = ip.split_tags(ip.SplitData(pipeline_config(config, stage),
-                                          config.data.train_split))
+                                          config.data.train_split)) \
+      if config.model.task_tag else None
   batcher = ip.Batcher(data, False, tags=train_tags)
   model = S2TModel(model_config_for(config, data.vocab.size, train_tags))
   task_tag = model.config.task_tag
