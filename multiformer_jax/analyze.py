@@ -313,7 +313,23 @@ def analyze_selection(run: internals.Run, out_dir: str) -> dict:
     kinds[stack] = selection_lib.kinds_per_task(masks, labels, names)
     paths[f"{stack}_kinds"] = write_table(kinds[stack], base + "_kinds",
                                           f"Selected heads per kind ({stack}, {source})")[1]
-  return {"paths": paths, "kinds": kinds, "tasks": names}
+  drift = selection_lib.drift_rows(stacks, selection_lib.stacks(
+      run.model.config, initial_selection_params(run)), run.stage)
+  paths["drift"] = write_table(drift, os.path.join(out_dir, f"{run.stage}_drift"),
+                               f"Selection logits against their initial values ({source})")[1]
+  return {"paths": paths, "kinds": kinds, "tasks": names, "drift": drift}
+
+
+def initial_selection_params(run: internals.Run):
+  """The initial parameters of the run's selection logits, re-drawn from its seed. The ST
+  encoder starts from the ASR encoder when the run trained ASR first, so its initial encoder
+  logits are the ASR stage's."""
+  from multiformer_jax import train  # pylint: disable=import-outside-toplevel
+  initial = train.initial_params(run.model, train.stage_key(run.config, run.stage))
+  if run.stage == "st" and "asr" in run.config.train.stages:
+    asr_start = train.initial_params(run.model, train.stage_key(run.config, "asr"))
+    initial = {**initial, "encoder": asr_start["encoder"]}
+  return initial
 
 
 def _common(parser):
@@ -374,6 +390,8 @@ def main(argv=None):
     result = analyze_selection(load(args.stage), args.out)
     for stack, rows in result["kinds"].items():
       print(stack, "kinds per task:", rows)
+    for row in result["drift"]:
+      print(row)
     print(json.dumps(result["paths"], indent=1))
     return
   if internals.ckpt_lib.load_config(args.workdir).model.get("encoder_candidates"):

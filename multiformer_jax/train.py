@@ -83,6 +83,16 @@ def scale_head_selector_updates(multiplier: float) -> optax.GradientTransformati
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
+def stage_key(config, stage: str):
+  """The PRNG key a stage starts from (its initial parameters and its dropout stream)."""
+  return jax.random.fold_in(jax.random.PRNGKey(config.train.seed), len(stage))
+
+
+def initial_params(model: S2TModel, key):
+  """The parameters `create_state` initialises from `key` (before any ST encoder carry)."""
+  return init_params(model, jax.random.split(key)[0])
+
+
 def create_state(model: S2TModel, tx, key) -> TrainState:
   init_key, rng = jax.random.split(key)
   params = init_params(model, init_key)
@@ -280,8 +290,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   tx, schedule = make_optimizer(config.train, scfg)
   checkpoints = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints"),
                                           scfg.keep_last, stage)
-  seed_key = jax.random.fold_in(jax.random.PRNGKey(config.train.seed), len(stage))
-  state = create_state(model, tx, seed_key)
+  state = create_state(model, tx, stage_key(config, stage))
   iterator = ip.TrainIterator(train_batcher)
   resumed = checkpoints.restore_latest_valid(state, log)
   if resumed is not None:

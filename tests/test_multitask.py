@@ -102,7 +102,7 @@ def test_head_selection_run_end_to_end(one_to_many, tmp_path):
   out = str(tmp_path / "analysis")
   analyze.main(["selection", "--workdir", workdir, "--stage", "st", "--out", out])
   for name in ("encoder_selected.png", "encoder_shared.png", "encoder_load.png",
-               "decoder_load.png", "encoder_kinds.md", "encoder_selection.csv"):
+               "decoder_load.png", "encoder_kinds.md", "encoder_selection.csv", "drift.md"):
     assert os.path.exists(os.path.join(out, f"st_{name}")), name
   with pytest.raises(SystemExit, match="analyze selection"):
     analyze.main(["heads", "--workdir", workdir, "--stage", "st", "--out", out])

@@ -73,3 +73,19 @@ def selection_rows(masks: np.ndarray, labels, task_names) -> list[dict]:
       rows.append({"task": name, "layer": l + 1,
                    "selected": " ".join(f"{h + 1}:{labels[l][h]}" for h in chosen)})
   return rows
+
+
+def drift_rows(stacks_now: dict, stacks_initial: dict, stage: str) -> list[dict]:
+  """Per stack: how far training moved the logits from their initial values, and the share of
+  the heads selected now that the initial (random) logits did not select. A share near 0 means
+  the selection is still the random initial one: train longer or raise
+  train.selection_lr_multiplier."""
+  rows = []
+  for stack, info in stacks_now.items():
+    start = stacks_initial[stack]
+    rows.append({"stage": stage, "stack": stack,
+                 "mean_abs_logit_change": float(np.abs(info["logits"] - start["logits"]).mean()),
+                 "initial_logit_std": float(start["logits"].std()),
+                 "selected_not_selected_at_init": float(
+                     1 - (info["masks"] & start["masks"]).sum() / info["masks"].sum())})
+  return rows
