@@ -35,8 +35,8 @@ def test_every_config_round_trips(name):
   config = importlib.import_module(f"configs.{name}").get_config()
   model_config = ModelConfig.from_dict(config.model)
   text = format_layout(model_config.layout)
-  assert parse_layout(text, config.model.encoder_layers, config.model.encoder_heads) == \
-      model_config.layout
+  heads = config.model.encoder_candidates or config.model.encoder_heads   # head selection
+  assert parse_layout(text, config.model.encoder_layers, heads) == model_config.layout
   assert format_layout(parse_layout(text)) == text
 
 
