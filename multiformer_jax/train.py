@@ -150,7 +150,7 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
           samples = sown["selection"][stack]["head_selector"]["samples"][0]
           kl = kl + head_selection.selection_kl(samples, task_tokens, heads / candidates)
       aux["kl"] = kl
-      loss = loss + train_cfg.kl_weight * kl
+      loss = loss + (train_cfg.kl_weight if train_cfg is not None else 0.0) * kl
     return loss, aux
 
   def train_step(state: TrainState, batch, apply_update: bool):
