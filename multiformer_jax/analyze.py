@@ -281,7 +281,6 @@ def select_windows(run: internals.Run, out_dir: str, num_utterances: int = 400,
   return {"paths": paths, "table": table, "layout": efficient_layout(table)}
 
 
-# ----------------------------------------------------------------------------- CLI
 # ----------------------------------------------------------------------------- selection
 def analyze_selection(run: internals.Run, out_dir: str) -> dict:
   """Per stack (encoder, decoder self-attention) of a head-selection model: the selected heads
@@ -332,6 +331,7 @@ def initial_selection_params(run: internals.Run):
   return initial
 
 
+# ----------------------------------------------------------------------------- CLI
 def _common(parser):
   parser.add_argument("--workdir", required=True, help="a run directory written by run.py")
   parser.add_argument("--split", default=None, help="default: the config's data.dev_split")

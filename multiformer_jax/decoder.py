@@ -19,7 +19,8 @@ import jax.numpy as jnp
 from multiformer_jax.attention.full import softmax_attention
 from multiformer_jax.attention.masks import causal_mask
 from multiformer_jax.feedforward import FeedForward, layer_norm
-from multiformer_jax.head_selection import gather_heads, layer_selections, stack_task_modules
+from multiformer_jax.head_selection import (adapt, gather_heads, layer_selections,
+                                            stack_task_modules)
 from multiformer_jax.initializers import (embedding_normal, torch_default_bias,
                                           xavier_uniform, xavier_uniform_qkv)
 from multiformer_jax.model_config import ModelConfig
@@ -128,16 +129,6 @@ class Decoder(nn.Module):
         kernel_init=nn.initializers.normal(cfg.d_model ** -0.5), name="output_projection")
     self.head_selector, self.adapters = stack_task_modules(cfg, "decoder")
 
-  def selection(self, tasks, temperature=None, deterministic: bool = True):
-    """Per layer the (indices, weights) [rows, H] of the selected heads, or Nones."""
-    cfg = self.config
-    temperature = cfg.selection_temperature if temperature is None else temperature
-    return layer_selections(self.head_selector, cfg.decoder_layers, tasks, temperature,
-                            deterministic)
-
-  def _adapt(self, i, x, tasks):
-    return self.adapters[i](x, tasks) if self.config.adapter_dim else x
-
   def _embed(self, tokens, offset, deterministic):
     not_pad = tokens != self.config.pad_id
     x = self.embed_tokens(tokens) * not_pad[..., None]   # the pad row stays zero, no gradient
@@ -158,7 +149,8 @@ class Decoder(nn.Module):
     tasks: [batch] task ids (default 0)."""
     if tasks is None:
       tasks = jnp.zeros(prev_tokens.shape[:1], jnp.int32)
-    selections = self.selection(tasks, temperature, deterministic)
+    selections = layer_selections(self.head_selector, self.config.decoder_layers, tasks,
+                                  temperature, deterministic)
     x = self._embed(prev_tokens, 0, deterministic)
     length = prev_tokens.shape[1]
     key_valid = (prev_tokens != self.config.pad_id)[:, None, None, :]
@@ -166,7 +158,7 @@ class Decoder(nn.Module):
     cross_mask = encoder_mask[:, None, None, :]
     for i, (layer, cross) in enumerate(zip(self.layers, self.cross_kv(encoded))):
       x = layer(x, layer.self_kv(x), self_mask, cross, cross_mask, deterministic, selections[i])
-      x = self._adapt(i, x, tasks)
+      x = adapt(self.adapters, i, x, tasks)
     return self._logits(x)
 
   def decode_step(self, tokens, index, cache, cross_kv, encoder_mask, tasks=None):
@@ -179,7 +171,7 @@ class Decoder(nn.Module):
     """
     if tasks is None:
       tasks = jnp.zeros(tokens.shape[:1], jnp.int32)
-    selections = self.selection(tasks)
+    selections = layer_selections(self.head_selector, self.config.decoder_layers, tasks)
     x = self._embed(tokens, index, True)                            # [n, 1, d]
     max_len = cache[0]["k"].shape[1]
     self_mask = (jnp.arange(max_len) <= index)[None, None, None, :]  # [1, 1, 1, max_len]
@@ -193,7 +185,7 @@ class Decoder(nn.Module):
           layer_cache["v"].dtype), index, axis=1)
       new_cache.append({"k": k, "v": v})
       x = layer(x, (k, v), self_mask, cross, cross_mask, True, selections[i])
-      x = self._adapt(i, x, tasks)
+      x = adapt(self.adapters, i, x, tasks)
     return self._logits(x)[:, 0], tuple(new_cache)
 
 

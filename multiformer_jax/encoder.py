@@ -14,7 +14,7 @@ from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.masks import lengths_to_mask
 from multiformer_jax.attention.multi import MultiHeadMultiAttention
 from multiformer_jax.feedforward import FeedForward, layer_norm
-from multiformer_jax.head_selection import layer_selections, stack_task_modules
+from multiformer_jax.head_selection import adapt, layer_selections, stack_task_modules
 from multiformer_jax.model_config import ModelConfig
 from multiformer_jax.positions import padded_positions
 from multiformer_jax.subsampler import Conv1dSubsampler
@@ -59,13 +59,6 @@ class Encoder(nn.Module):
     self.layer_norm = layer_norm("layer_norm")
     self.head_selector, self.adapters = stack_task_modules(cfg, "encoder")
 
-  def selection(self, tasks, temperature=None, deterministic: bool = True):
-    """Per layer the (indices, weights) [batch, H] of the selected heads, or Nones."""
-    cfg = self.config
-    temperature = cfg.selection_temperature if temperature is None else temperature
-    return layer_selections(self.head_selector, cfg.encoder_layers, tasks, temperature,
-                            deterministic)
-
   def embed(self, features, lengths, deterministic: bool = True):
     """Subsampler + scale + positions + dropout: the input of layer 0, and its mask."""
     x, lengths = self.subsample(features.astype(self.config.compute_dtype), lengths)
@@ -80,10 +73,9 @@ class Encoder(nn.Module):
     x, mask = self.embed(features, lengths, deterministic)
     if tasks is None:
       tasks = jnp.zeros(features.shape[:1], jnp.int32)
-    selections = self.selection(tasks, temperature, deterministic)
+    selections = layer_selections(self.head_selector, self.config.encoder_layers, tasks,
+                                  temperature, deterministic)
     for i, (layer, selection) in enumerate(zip(self.layers, selections)):
-      x = layer(x, mask, deterministic, selection)
-      if self.config.adapter_dim:
-        x = self.adapters[i](x, tasks)
+      x = adapt(self.adapters, i, layer(x, mask, deterministic, selection), tasks)
     x = self.layer_norm(x) * mask[..., None]
     return x, mask

@@ -24,7 +24,7 @@ from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import decode, input_pipeline as ip
 from multiformer_jax.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache
-from multiformer_jax.train import model_config_for, pipeline_config
+from multiformer_jax.train import model_config_for, pipeline_config, training_tags
 from multiformer_jax.train_log import setup_logging
 
 
@@ -128,9 +128,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   length_penalty = e.length_penalty if length_penalty is None else length_penalty
   data = ip.SplitData(pipeline_config(config, stage, "test"), split)
   # Task ids are the training split's (as in training), whatever the evaluated split holds.
-  train_tags = ip.split_tags(ip.SplitData(pipeline_config(config, stage),
-                                          config.data.train_split)) \
-      if config.model.task_tag else None
+  train_tags = training_tags(config, stage)
   batcher = ip.Batcher(data, False, tags=train_tags)
   model = S2TModel(model_config_for(config, data.vocab.size, train_tags))
   task_tag = model.config.task_tag

@@ -95,9 +95,10 @@ class HeadSelector(nn.Module):
   num_heads: int
   strategy: str = "group"
   inference: str = "deterministic"
+  temperature: float = 5.0         # used when a call passes none (evaluation, decoding)
 
   @nn.compact
-  def __call__(self, tasks, temperature, deterministic: bool = True):
+  def __call__(self, tasks, temperature=None, deterministic: bool = True):
     logits = self.param("logits", init_logits,
                         (self.num_tasks, self.num_layers, self.num_candidates))
     if deterministic and self.inference == "deterministic":
@@ -105,6 +106,7 @@ class HeadSelector(nn.Module):
       weights = jnp.ones(indices.shape, jnp.float32)
     else:
       key = self.make_rng("dropout" if not deterministic else "selection")
+      temperature = self.temperature if temperature is None else temperature
       samples = gumbel_sigmoid(logits, key, temperature)          # [tasks, layers, H']
       if not deterministic:
         self.sow("selection", "samples", samples)
@@ -121,20 +123,27 @@ def stack_task_modules(config, side: str):
   candidates = getattr(config, f"{side}_candidates")
   selector = HeadSelector(config.num_tasks, layers, candidates, getattr(config, f"{side}_heads"),
                           config.selection_strategy, config.selection_inference,
-                          name="head_selector") if candidates else None
+                          config.selection_temperature, name="head_selector") \
+      if candidates else None
   adapters = [TaskAdapter(config.num_tasks, config.d_model, config.adapter_dim,
                           config.compute_dtype, name=f"adapters_{i}")
               for i in range(layers)] if config.adapter_dim else None
   return selector, adapters
 
 
-def layer_selections(selector, num_layers: int, tasks, temperature, deterministic: bool):
+def layer_selections(selector, num_layers: int, tasks, temperature=None,
+                     deterministic: bool = True):
   """Per layer the (indices, weights) [batch, H] of the selected heads (Nones without a
-  selector)."""
+  selector); temperature None = the model's selection_temperature."""
   if selector is None:
     return [None] * num_layers
   indices, weights = selector(tasks, temperature, deterministic)
   return [(indices[:, i], weights[:, i]) for i in range(num_layers)]
+
+
+def adapt(adapters, layer: int, x, tasks):
+  """x through the task adapter after `layer`, if the stack has adapters."""
+  return x if adapters is None else adapters[layer](x, tasks)
 
 
 def gather_heads(heads, indices, weights):

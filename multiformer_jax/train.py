@@ -203,6 +203,15 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       target_lang_tag=d.target_lang_tag)
 
 
+def training_tags(config, stage: str):
+  """The training split's tag values ({tag: sorted values}) that give a multi-task model its
+  task ids, or None for a one-task model (evaluation and analyses must use these, not the
+  evaluated split's)."""
+  if not config.model.task_tag:
+    return None
+  return ip.split_tags(ip.SplitData(pipeline_config(config, stage), config.data.train_split))
+
+
 def model_config_for(config, vocab_size: int, tags=None) -> ModelConfig:
   """The model config with the sizes the data decides: the vocabulary and, for a multi-task
   model, the number of tasks (the training split's distinct values of model.task_tag)."""

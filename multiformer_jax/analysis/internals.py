@@ -21,7 +21,7 @@ from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.model import S2TModel
-from multiformer_jax.train import model_config_for, pipeline_config
+from multiformer_jax.train import model_config_for, pipeline_config, training_tags
 
 
 @dataclasses.dataclass
@@ -56,8 +56,7 @@ def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str
     raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({ckpt_dir}); stages with "
                             f"checkpoints: {stages or 'none'}")
   data = ip.SplitData(pipeline_config(config, stage, "test"), split or config.data.dev_split)
-  tags = ip.split_tags(ip.SplitData(pipeline_config(config, stage), config.data.train_split)) \
-      if config.model.task_tag else None
+  tags = training_tags(config, stage)
   model_config = dataclasses.replace(model_config_for(config, data.vocab.size, tags),
                                      dtype="float32")
   params, which = ckpt_lib.StageCheckpoints(ckpt_dir).select_params(checkpoint, average_last)
