@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 import jax
@@ -24,12 +25,14 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Results, compiled, machine, time_call  # noqa: E402
+from multiformer_jax.attention.blockwise import blockwise_attention  # noqa: E402
 from multiformer_jax.attention.conv import ConvAttention  # noqa: E402
 from multiformer_jax.attention.full import softmax_attention  # noqa: E402
 from multiformer_jax.attention.kernel import favor_attention, orthogonal_gaussian_features  # noqa: E402,E501
 from multiformer_jax.attention.local import local_attention  # noqa: E402
 
 LOCAL_WINDOWS = (5, 17, 33, 65, 129)
+KEY_BLOCK = 512   # the blockwise rows (model.key_block_size)
 
 
 def kinds(head_dim: int, window_for_dense: int):
@@ -49,14 +52,18 @@ def kinds(head_dim: int, window_for_dense: int):
   table["local(33,2)"] = (lambda p, q, k, v, m: local_attention(q, k, v, m, 33, 2), None, False)
   table["kernel(256)"] = (lambda p, q, k, v, m: favor_attention(q, k, v, m, projection), None,
                           False)
+  table[f"full/blockwise({KEY_BLOCK})"] = (
+      lambda p, q, k, v, m: blockwise_attention(q, k, v, m, KEY_BLOCK), None, False)
   for kernel, stride in ((5, 2), (7, 3)):
-    module = ConvAttention(kernel, stride)
-    dummy = jnp.zeros((1, 16, 1, head_dim))
-    params = module.init(jax.random.PRNGKey(0), dummy, dummy, dummy,
-                         jnp.ones((1, 16), bool))["params"]
-    table[f"conv({kernel},{stride})"] = (
-        lambda p, q, k, v, m, module=module: module.apply({"params": p}, q, k, v, m),
-        params, False)
+    for key_block in (0, KEY_BLOCK):
+      module = ConvAttention(kernel, stride, key_block_size=key_block)
+      dummy = jnp.zeros((1, 16, 1, head_dim))
+      params = module.init(jax.random.PRNGKey(0), dummy, dummy, dummy,
+                           jnp.ones((1, 16), bool))["params"]
+      name = f"conv({kernel},{stride})" + (f"/blockwise({key_block})" if key_block else "")
+      table[name] = (
+          lambda p, q, k, v, m, module=module: module.apply({"params": p}, q, k, v, m),
+          params, False)
   return table
 
 
@@ -83,7 +90,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   lengths = [int(n) for n in args.lengths.split(",")]
   table = kinds(args.head_dim, args.dense_window)
-  chosen = [k for k in table if not args.only or k in args.only.split(",")]
+  only = re.split(r",(?![^(]*\))", args.only)   # commas outside parentheses: conv(5,2)
+  chosen = [k for k in table if not args.only or k in only]
   results = Results(args.out, {**machine(), "batch": args.batch, "heads": args.heads,
                                "head_dim": args.head_dim, "dtype": args.dtype,
                                "command": " ".join(sys.argv)})

@@ -9,7 +9,8 @@ frames and `--tokens` target tokens: seconds per step, frames/s, XLA's FLOPs of 
 utilisation = FLOPs / step time / the matmul peak measured by this script on this machine.
 Then the compiled memory (temporaries + arguments + outputs, `memory_analysis`, compile only)
 of a batch of `--memory_batch` x `--memory_frames` frames (20 000 frames by default) for the
-same configs plus their full-attention baselines.
+same configs plus their full-attention baselines, once as configured and once per
+`--memory_overrides` entry (model keys, e.g. `key_block_size=0` for the dense softmax).
 """
 
 from __future__ import annotations
@@ -39,10 +40,15 @@ def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int)
           "weights": np.ones(batch, np.float32)}
 
 
-def load_config(name: str, dtype: str):
+def load_config(name: str, dtype: str, overrides: str = ""):
+  """configs/<name>.py with vocabulary 8000, `dtype`, and `overrides` ('key=value;...' of
+  model keys) applied."""
   config = importlib.import_module(f"configs.{name}").get_config()
   config.model.vocab_size = 8000
   config.model.dtype = dtype
+  for item in filter(None, overrides.split(";")):
+    key, value = item.split("=", 1)
+    setattr(config.model, key, type(config.model[key])(value))
   return config
 
 
@@ -74,6 +80,9 @@ def main(argv=None):
   parser.add_argument("--memory_frames", type=int, default=2500)
   parser.add_argument("--memory_configs", default="h_lc_nodown,multiformer_s_nodown,"
                                                   "s2t_transformer_s_nodown")
+  parser.add_argument("--memory_overrides", default="key_block_size=0",
+                      help="model-key variants of the memory configs, ',' between variants, "
+                           "';' between keys of one ('' = as configured only)")
   parser.add_argument("--skip_timing", action="store_true")
   parser.add_argument("--peak_size", type=int, default=2048,
                       help="matmul size for the peak (8192 on a GPU)")
@@ -101,12 +110,15 @@ def main(argv=None):
       jax.block_until_ready(metrics)
       seconds = (time.perf_counter() - t0) / args.steps
       frames = args.batch * args.frames
-      results.add(config=name, layout=config.model.encoder_layout, seconds=round(seconds, 4),
+      results.add(config=name, layout=config.model.encoder_layout,
+                  key_block_size=config.model.key_block_size, seconds=round(seconds, 4),
                   frames_per_s=round(frames / seconds, 1), flops=flops,
                   utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
                   loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
-  for name in filter(None, args.memory_configs.split(",")):
-    config = load_config(name, args.dtype)
+  variants = [""] + [v for v in args.memory_overrides.split(",") if v]
+  for name, overrides in ((n, v) for n in filter(None, args.memory_configs.split(","))
+                          for v in variants):
+    config = load_config(name, args.dtype, overrides)
     _, step, state, dp = setup(config)
     batch = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -117,7 +129,8 @@ def main(argv=None):
     memory = step_stats(step, abstract_state, batch)
     total = memory["temp_bytes"] + memory["argument_bytes"] + memory["output_bytes"] - \
         memory["alias_bytes"]
-    results.add(config=name, layout=config.model.encoder_layout,
+    results.add(config=name, layout=config.model.encoder_layout, overrides=overrides,
+                key_block_size=config.model.key_block_size,
                 memory_batch=f"{args.memory_batch} x {args.memory_frames} frames",
                 temp_bytes=memory["temp_bytes"], total_bytes=total,
                 total_gib=round(total / 2 ** 30, 2))

@@ -39,6 +39,9 @@ def get_config(arg=None):
   m.kernel_redraw = "fixed"    # kernel heads: 'fixed' (from kernel_seed) or 'step' (each step)
   m.kernel_seed = 0
   m.local_block_size = 0       # local heads: query block size, 0 = automatic
+  m.key_block_size = 512       # full/conv heads: exact softmax over blocks of this many keys,
+                               # recomputed in the backward (O(n x block) memory); 0 = one
+                               # dense softmax (docs/benchmarks.md: blockwise is faster on CPU)
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024

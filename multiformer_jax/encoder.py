@@ -32,7 +32,8 @@ class EncoderLayer(nn.Module):
     self.self_attn = MultiHeadMultiAttention(
         cfg.d_model, self.layer_layout, cfg.attention_dropout, cfg.kernel_redraw,
         cfg.kernel_seed * 7919 + self.layer_index, cfg.local_block_size, cfg.qkv_bias,
-        cfg.compute_dtype, cfg.encoder_heads if cfg.encoder_candidates else 0, name="self_attn")
+        cfg.compute_dtype, cfg.encoder_heads if cfg.encoder_candidates else 0,
+        cfg.key_block_size, name="self_attn")
     self.dropout = nn.Dropout(cfg.dropout)
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,

@@ -11,7 +11,7 @@ never depends on its padding. `conv(1,1)` with an identity kernel is exactly `fu
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax.attention.full import attention_weights, softmax_attention
+from multiformer_jax.attention.full import attention_weights, key_masked_attention
 from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
 from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
 
@@ -48,6 +48,7 @@ class ConvAttention(nn.Module):
   stride: int = 2
   conv_type: str = "depthwise"
   attention_dropout: float = 0.0
+  key_block_size: int = 0     # > 0: exact blockwise softmax over the compressed keys
 
   def setup(self):
     self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type)
@@ -69,9 +70,8 @@ class ConvAttention(nn.Module):
     k_c = self.compress(self.conv_k, k, key_mask)
     v_c = self.compress(self.conv_v, v, key_mask)
     mask_c = self.compressed_mask(key_mask, k_c.shape[1])
-    out, _ = softmax_attention(q, k_c, v_c, mask_c[:, None, None, :], self.dropout,
-                               deterministic)
-    return out
+    return key_masked_attention(self, q, k_c, v_c, mask_c, self.key_block_size,
+                                self.dropout, deterministic)
 
   def token_weights(self, q, k, key_mask):
     """[batch, heads, q_len, compressed_len]: weights over the *compressed* values; the

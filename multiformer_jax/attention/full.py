@@ -3,6 +3,7 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
+from multiformer_jax.attention.blockwise import blockwise_attention
 from multiformer_jax.attention.masks import masked_softmax
 
 
@@ -29,15 +30,28 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
   return out, weights
 
 
+def key_masked_attention(module: nn.Module, q, k, v, key_mask, key_block_size: int,
+                         dropout: nn.Dropout, deterministic: bool):
+  """Softmax attention over the valid keys of key_mask [batch, k_len]: one dense softmax, or
+  blockwise over `key_block_size` keys (multiformer_jax/attention/blockwise.py) when > 0, its
+  dropout masks drawn from `module`'s dropout rng."""
+  if key_block_size:
+    rate = 0.0 if deterministic else dropout.rate
+    rng = module.make_rng("dropout") if rate > 0.0 else None
+    return blockwise_attention(q, k, v, key_mask, key_block_size, rate, rng)
+  out, _ = softmax_attention(q, k, v, key_mask[:, None, None, :], dropout, deterministic)
+  return out
+
+
 class FullAttention(nn.Module):
   """Masked softmax attention; takes unscaled q, k, v of one head group."""
   attention_dropout: float = 0.0
+  key_block_size: int = 0     # > 0: exact blockwise softmax, O(q_len x block) memory
 
   @nn.compact
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
-    mask = key_mask[:, None, None, :]  # [batch, 1, 1, k_len]
-    out, _ = softmax_attention(q, k, v, mask, nn.Dropout(self.attention_dropout), deterministic)
-    return out
+    return key_masked_attention(self, q, k, v, key_mask, self.key_block_size,
+                                nn.Dropout(self.attention_dropout), deterministic)
 
   def token_weights(self, q, k, key_mask):
     """[batch, heads, q_len, k_len]: the weight of each value in each output (no dropout)."""

@@ -25,17 +25,18 @@ from multiformer_jax.initializers import torch_default_bias, xavier_uniform, xav
 
 
 def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed: int,
-                local_block_size: int, name: str) -> nn.Module:
+                local_block_size: int, key_block_size: int, name: str) -> nn.Module:
   """The attention module of one head group."""
   if isinstance(kind, layout_lib.FullHeads):
-    return FullAttention(attention_dropout, name=name)
+    return FullAttention(attention_dropout, key_block_size, name=name)
   if isinstance(kind, layout_lib.LocalHeads):
     return LocalAttention(kind.window, kind.dilation, local_block_size, attention_dropout,
                           name=name)
   if isinstance(kind, layout_lib.KernelHeads):
     return KernelAttention(kind.features, kernel_redraw, kernel_seed, name=name)
   if isinstance(kind, layout_lib.ConvHeads):
-    return ConvAttention(kind.kernel, kind.stride, kind.conv_type, attention_dropout, name=name)
+    return ConvAttention(kind.kernel, kind.stride, kind.conv_type, attention_dropout,
+                         key_block_size, name=name)
   raise TypeError(f"unknown head kind {kind!r}")
 
 
@@ -57,6 +58,7 @@ class MultiHeadMultiAttention(nn.Module):
   qkv_bias: bool = True
   dtype: jnp.dtype = jnp.float32
   selected_heads: int = 0          # H of the layout's H' candidates; 0 = every head, no selection
+  key_block_size: int = 0          # full and conv heads: blockwise softmax over this many keys
 
   def setup(self):
     num_heads = sum(g.num_heads for g in self.layer_layout)
@@ -79,7 +81,8 @@ class MultiHeadMultiAttention(nn.Module):
                              bias_init=nn.initializers.zeros, dtype=self.dtype, name="out_proj")
     self.groups = [
         head_module(g.kind, self.attention_dropout, self.kernel_redraw,
-                    self.kernel_seed * 1009 + i, self.local_block_size, group_name(i, g.kind))
+                    self.kernel_seed * 1009 + i, self.local_block_size, self.key_block_size,
+                    group_name(i, g.kind))
         for i, g in enumerate(self.layer_layout)]
 
   def split_heads(self, projection: nn.Dense, x):
