@@ -34,6 +34,9 @@ def main():
   parser.add_argument("--frames", type=int, default=1000)
   parser.add_argument("--tokens", type=int, default=50)
   parser.add_argument("--steps", type=int, default=5)
+  parser.add_argument("--matmul_peak", type=float, default=None,
+                      help="matmul_peak_flops of the train_step.jsonl run beside this one "
+                           "(the report then counts the two as side by side)")
   args = parser.parse_args()
   torch.manual_seed(0)
   model_args = argparse.Namespace(input_feat_per_channel=80, input_channels=1,
@@ -72,6 +75,7 @@ def main():
          "frames_per_s": round(args.batch * args.frames / seconds, 1),
          "torch": torch.__version__, "threads": torch.get_num_threads(),
          "parameters": sum(p.numel() for p in model.parameters()),
+         "date": time.strftime("%Y-%m-%d"), "peak": args.matmul_peak,
          "command": " ".join(sys.argv)}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as f:

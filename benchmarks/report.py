@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 
 import matplotlib
@@ -46,14 +47,17 @@ def _machine(meta):
 
 
 def _cmd(command: str) -> str:
-  """The recorded argv as a command line to run from the repository root."""
+  """The recorded argv (joined with spaces) as a shell command line to run from the repository
+  root, quoted where an argument holds ';' or parentheses."""
+  command = shlex.join(command.split(" "))
   return command if command.startswith(("python", "/")) else f"python {command}"
 
 
-def _key_block(row) -> str:
-  """model.key_block_size of a result row (0 = one dense softmax)."""
-  size = row.get("key_block_size", 0)
-  return f"{size}" if size else "0 (dense)"
+def _options(row) -> str:
+  """The memory options of a train-step row: model.key_block_size and model.ffn_token_chunk
+  (rows written before they existed ran the dense softmax and the unchunked FFN)."""
+  block, chunk = row.get("key_block_size", 0), row.get("ffn_token_chunk", 0)
+  return (f"key block {block or 'dense'}, FFN chunk {chunk or 'off'}")
 
 
 def _verdict(ok):
@@ -148,10 +152,6 @@ environment with torch, local-attention 1.11.2 and performer-pytorch 1.1.4).
 fwd+bwd of sum(attention(q, k, v)), batch {meta['batch']}, {meta['heads']} heads x
 {meta['head_dim']} dims, all positions valid; median of 3 after a warm-up.
 `dense_masked(129)` is `jax.nn.dot_product_attention(local_window_size=(64, 64))`.
-`/blockwise(512)` rows: the same heads with `model.key_block_size=512` (exact online softmax
-over blocks of 512 keys, recomputed in the backward). XLA's cost analysis counts a loop body
-once, so their FLOP rows show about one block's work, not the total (about 7/6 of the dense
-FLOPs: the backward recomputes the logits).
 
 Seconds:
 
@@ -169,6 +169,43 @@ XLA FLOPs (G):
 ![memory](benchmarks/attention_memory.png)
 """
   return text, targets
+
+
+def blockwise_section(directory):
+  """The blockwise-softmax rows: their own run, with the dense rows they are compared with."""
+  meta, rows = _load(directory, "attention_blockwise.jsonl")
+  measured = [r for r in rows if "seconds" in r]
+  if not measured:
+    return "", []
+  kinds = list(dict.fromkeys(r["kind"] for r in measured))
+  lengths = sorted({r["n"] for r in measured})
+  get = {(r["kind"], r["n"]): r for r in measured}
+
+  def cell(kind, n, key, scale=1.0, fmt="{:.3f}"):
+    r = get.get((kind, n))
+    return fmt.format(r[key] / scale) if r and r.get(key) is not None else "—"
+  header = ["kind"] + [f"n={n}" for n in lengths]
+  time_rows = [[k] + [cell(k, n, "seconds") for n in lengths] for k in kinds]
+  mem_rows = [[k] + [cell(k, n, "temp_bytes", MIB, "{:.0f}") for n in lengths] for k in kinds]
+  text = f"""## Blockwise softmax for full and conv heads
+
+Machine: {_machine(meta)}. Command: `{_cmd(meta['command'])}`.
+A separate run from the table above (this machine's speed differs between runs: compare rows
+within one table). `/blockwise(512)` = the same heads with `model.key_block_size=512`, the
+default (exact online softmax over blocks of 512 keys, recomputed in the backward); the rows
+without it are the dense softmax (`model.key_block_size=0`). fwd+bwd, batch {meta['batch']},
+{meta['heads']} heads x {meta['head_dim']} dims; dense full attention is skipped above
+n = 4096. (XLA's cost analysis counts a loop body once, so FLOPs are not compared here.)
+
+Seconds:
+
+{_table(header, time_rows)}
+
+XLA compiled temporaries (MiB):
+
+{_table(header, mem_rows)}
+"""
+  return text, []
 
 
 def decode_section(directory):
@@ -202,9 +239,9 @@ def train_section(directory):
   timed = [r for r in rows if "frames_per_s" in r]
   memory = [r for r in rows if "total_bytes" in r]
   peak = meta["matmul_peak_flops"]
-  table = _table(["config", "encoder layout", "key block", "s/step", "frames/s", "GFLOP/step",
+  table = _table(["config", "encoder layout", "options", "s/step", "frames/s", "GFLOP/step",
                   "utilisation", "compile s"],
-                 [[r["config"], f"`{r['layout']}`", r.get("key_block_size", 0), r["seconds"],
+                 [[r["config"], f"`{r['layout']}`", _options(r), r["seconds"],
                    r["frames_per_s"],
                    f"{r['flops'] / 1e9:.0f}", f"{100 * r['utilisation']:.1f}%", r["compile_s"]]
                   for r in timed])
@@ -214,34 +251,41 @@ def train_section(directory):
   if fairseq_rows:
     fs = fairseq_rows[0]
     fairseq_text = (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads), same "
-                    f"batch, side by side: {fs['seconds']} s/step, {fs['frames_per_s']} "
-                    f"frames/s. Command: `/tmp/fsenv/bin/{_cmd(fs['command'])}` (a torch + fairseq"
-                    f" environment).\n")
+                    f"batch: {fs['seconds']} s/step, {fs['frames_per_s']} frames/s, measured "
+                    f"{fs.get('date', 'earlier')} next to the dense-softmax run of this toolkit "
+                    f"(docs/benchmarks_notes.md). Command: `/tmp/fsenv/bin/"
+                    f"{_cmd(fs['command'])}` (a torch + fairseq environment).\n")
     if ours:
       ratio = ours["frames_per_s"] / fs["frames_per_s"]
-      fs_util = ours["flops"] / fs["seconds"] / peak
-      fairseq_text += (f"fairseq's utilisation with the same FLOP count: "
-                       f"{100 * fs_util:.1f}%.\n")
+      same_run = fs.get("date") == meta.get("date") and fs.get("peak") == peak
+      if same_run:
+        fairseq_text += (f"fairseq's utilisation with the same FLOP count: "
+                         f"{100 * ours['flops'] / fs['seconds'] / peak:.1f}%.\n")
       targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq, same machine",
-                      f"{ratio:.2f}x", _verdict(ratio >= 1.2)])
+                      f"{ratio:.2f}x", _verdict(ratio >= 1.2) if same_run else
+                      "**not verified**: fairseq was measured in another run, on a machine "
+                      "with another matmul peak"])
   if ours:
     targets.append(["s2t_transformer_s train step >= 60% of the matmul peak",
                     f"{100 * ours['utilisation']:.1f}%", _verdict(ours["utilisation"] >= 0.6)])
-  mem_table = _table(["config", "encoder layout", "key block", "batch", "XLA temporaries GiB",
+  mem_table = _table(["config", "encoder layout", "options", "batch", "XLA temporaries GiB",
                       "total compiled GiB"],
-                     [[r["config"], f"`{r['layout']}`", _key_block(r), r["memory_batch"],
+                     [[r["config"], f"`{r['layout']}`", _options(r), r["memory_batch"],
                        f"{r['temp_bytes'] / 2 ** 30:.2f}", r["total_gib"]] for r in memory])
   for r in memory:
     if "nodown" in r["config"] and "transformer" not in r["config"]:
-      targets.append([f"{r['config']} (key block {_key_block(r)}): a 20 000-frame batch within "
-                      "11 GiB", f"{r['total_gib']} GiB", _verdict(r["total_gib"] <= 11)])
+      targets.append([f"{r['config']} ({_options(r)}): a 20 000-frame batch within 11 GiB",
+                      f"{r['total_gib']} GiB", _verdict(r["total_gib"] <= 11)])
   text = f"""## Training step
 
 Machine: {_machine(meta)}; measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^2
 matmul, same script). Command: `{_cmd(meta['command'])}`.
 Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens, vocabulary
 8000, dropout as configured, one full update (fwd + bwd + clip + Adam);
-utilisation = XLA FLOPs of the step / step time / measured peak.
+utilisation = XLA FLOPs of the step / step time / measured peak, where the FLOPs are the
+model's (the same step compiled with the dense softmax and the unchunked FFN: XLA counts a
+loop body once, and the backward's recomputation is not model work). "options" are the
+memory options (`model.key_block_size`, `model.ffn_token_chunk`; defaults 512 and 1024).
 
 {table}
 {fairseq_text}
@@ -259,8 +303,8 @@ def main(argv=None):
   parser.add_argument("--out", default="docs/benchmarks.md")
   args = parser.parse_args(argv)
   sections, targets = [], []
-  for text, rows in (attention_section(args.dir, args.dir), train_section(args.dir),
-                     decode_section(args.dir)):
+  for text, rows in (attention_section(args.dir, args.dir), blockwise_section(args.dir),
+                     train_section(args.dir), decode_section(args.dir)):
     if text:
       sections.append(text)
       targets += rows

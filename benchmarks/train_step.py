@@ -5,17 +5,21 @@
 
 For each config (vocabulary 8000, dropout as configured): one full update (fwd + bwd + clip
 + Adam, the toolkit's own jitted train step) on a batch of `--batch` utterances of `--frames`
-frames and `--tokens` target tokens: seconds per step, frames/s, XLA's FLOPs of the step, and
-utilisation = FLOPs / step time / the matmul peak measured by this script on this machine.
+frames and `--tokens` target tokens: seconds per step, frames/s, XLA's FLOPs of the step (of the
+same model computed without the blockwise softmax and the chunked FFN: model FLOPs, the
+backward's recomputation not counted), and utilisation = FLOPs / step time / the matmul peak
+measured by this script on this machine.
 Then the compiled memory (temporaries + arguments + outputs, `memory_analysis`, compile only)
 of a batch of `--memory_batch` x `--memory_frames` frames (20 000 frames by default) for the
-same configs plus their full-attention baselines, once as configured and once per
-`--memory_overrides` entry (model keys, e.g. `key_block_size=0` for the dense softmax).
+same configs plus their full-attention baselines. A config may carry model-key overrides after
+`@`, ';' between keys: `h_lc_nodown@key_block_size=0;ffn_token_chunk=0` is h_lc_nodown with the
+dense softmax and the unchunked feed-forward.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib
 import os
 import sys
@@ -40,9 +44,10 @@ def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int)
           "weights": np.ones(batch, np.float32)}
 
 
-def load_config(name: str, dtype: str, overrides: str = ""):
-  """configs/<name>.py with vocabulary 8000, `dtype`, and `overrides` ('key=value;...' of
-  model keys) applied."""
+def load_config(spec: str, dtype: str):
+  """'name[@key=value;...]': configs/<name>.py with vocabulary 8000, `dtype` and the model-key
+  overrides applied."""
+  name, _, overrides = spec.partition("@")
   config = importlib.import_module(f"configs.{name}").get_config()
   config.model.vocab_size = 8000
   config.model.dtype = dtype
@@ -59,6 +64,18 @@ def setup(config):
   step, _ = train.make_steps(model, tx, schedule, dp, config.train.label_smoothing)
   state = dp.replicate(train.create_state(model, tx, jax.random.PRNGKey(0)))
   return model, step, state, dp
+
+
+def model_flops(config, batch) -> float:
+  """XLA's FLOPs of one update of the model without the loop-based memory options: XLA counts
+  a loop body once, so the blockwise softmax and the chunked FFN would show a fraction of
+  their work. Their recomputation is not counted (model FLOPs, as in MFU)."""
+  dense = copy.deepcopy(config)
+  dense.model.key_block_size, dense.model.ffn_token_chunk = 0, 0
+  _, step, state, _ = setup(dense)
+  abstract = lambda tree: jax.tree_util.tree_map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+  return step_stats(step, abstract(state), abstract(batch))["flops"]
 
 
 def step_stats(step, state, batch) -> dict:
@@ -80,9 +97,6 @@ def main(argv=None):
   parser.add_argument("--memory_frames", type=int, default=2500)
   parser.add_argument("--memory_configs", default="h_lc_nodown,multiformer_s_nodown,"
                                                   "s2t_transformer_s_nodown")
-  parser.add_argument("--memory_overrides", default="key_block_size=0",
-                      help="model-key variants of the memory configs, ',' between variants, "
-                           "';' between keys of one ('' = as configured only)")
   parser.add_argument("--skip_timing", action="store_true")
   parser.add_argument("--peak_size", type=int, default=2048,
                       help="matmul size for the peak (8192 on a GPU)")
@@ -99,8 +113,9 @@ def main(argv=None):
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
                                   config.model.input_dim, 8000))
       t0 = time.perf_counter()
-      flops = step_stats(step, state, batch)["flops"]
+      step_stats(step, state, batch)
       compile_s = time.perf_counter() - t0
+      flops = model_flops(config, batch)
       for _ in range(2):
         state, metrics = step(state, batch, True)
       jax.block_until_ready(metrics)
@@ -111,14 +126,13 @@ def main(argv=None):
       seconds = (time.perf_counter() - t0) / args.steps
       frames = args.batch * args.frames
       results.add(config=name, layout=config.model.encoder_layout,
-                  key_block_size=config.model.key_block_size, seconds=round(seconds, 4),
+                  key_block_size=config.model.key_block_size,
+                  ffn_token_chunk=config.model.ffn_token_chunk, seconds=round(seconds, 4),
                   frames_per_s=round(frames / seconds, 1), flops=flops,
                   utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
                   loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
-  variants = [""] + [v for v in args.memory_overrides.split(",") if v]
-  for name, overrides in ((n, v) for n in filter(None, args.memory_configs.split(","))
-                          for v in variants):
-    config = load_config(name, args.dtype, overrides)
+  for name in filter(None, args.memory_configs.split(",")):
+    config = load_config(name, args.dtype)
     _, step, state, dp = setup(config)
     batch = jax.tree_util.tree_map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
@@ -129,8 +143,9 @@ def main(argv=None):
     memory = step_stats(step, abstract_state, batch)
     total = memory["temp_bytes"] + memory["argument_bytes"] + memory["output_bytes"] - \
         memory["alias_bytes"]
-    results.add(config=name, layout=config.model.encoder_layout, overrides=overrides,
+    results.add(config=name, layout=config.model.encoder_layout,
                 key_block_size=config.model.key_block_size,
+                ffn_token_chunk=config.model.ffn_token_chunk,
                 memory_batch=f"{args.memory_batch} x {args.memory_frames} frames",
                 temp_bytes=memory["temp_bytes"], total_bytes=total,
                 total_gib=round(total / 2 ** 30, 2))

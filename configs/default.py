@@ -42,6 +42,9 @@ def get_config(arg=None):
   m.key_block_size = 512       # full/conv heads: exact softmax over blocks of this many keys,
                                # recomputed in the backward (O(n x block) memory); 0 = one
                                # dense softmax (docs/benchmarks.md: blockwise is faster on CPU)
+  m.ffn_token_chunk = 1024     # encoder FFN: computed this many tokens at a time, the hidden
+                               # layer recomputed in the backward (less memory, and faster on
+                               # CPU: docs/benchmarks.md); 0 = one unchunked FFN
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024

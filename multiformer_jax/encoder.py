@@ -37,7 +37,7 @@ class EncoderLayer(nn.Module):
     self.dropout = nn.Dropout(cfg.dropout)
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,
-                           cfg.compute_dtype, name="ffn")
+                           cfg.compute_dtype, cfg.ffn_token_chunk, name="ffn")
 
   def __call__(self, x, mask, deterministic: bool = True, selection=None):
     h = self.self_attn(self.self_attn_layer_norm(x), mask, deterministic, selection)

@@ -46,6 +46,7 @@ class ModelConfig:
   kernel_seed: int = 0
   local_block_size: int = 0
   key_block_size: int = 512
+  ffn_token_chunk: int = 1024
   qkv_bias: bool = True
   dtype: str = "float32"
   max_target_positions: int = 1024
@@ -104,10 +105,10 @@ class ModelConfig:
                         f"{INFERENCE_MODES}")
     if self.selection_temperature <= 0:
       raise ConfigError(f"model.selection_temperature={self.selection_temperature} must be > 0")
-    for name in ("local_block_size", "key_block_size"):
+    for name, zero in (("local_block_size", "automatic"), ("key_block_size", "dense softmax"),
+                       ("ffn_token_chunk", "unchunked")):
       if getattr(self, name) < 0:
-        raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 0 (0 = automatic / "
-                          "dense)")
+        raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 0 (0 = {zero})")
     if self.adapter_dim < 0:
       raise ConfigError(f"model.adapter_dim={self.adapter_dim} must be >= 0 (0 = no adapters)")
     for side, heads in (("encoder", self.encoder_heads), ("decoder", self.decoder_heads)):

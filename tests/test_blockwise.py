@@ -1,4 +1,5 @@
-"""Blockwise (online-softmax) attention: the same softmax as the dense path, in O(n x block)."""
+"""Memory-saving computations: blockwise (online-softmax) attention and the chunked
+feed-forward give the dense results in O(n x block) memory."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ import pytest
 from multiformer_jax import ModelConfig
 from multiformer_jax.attention import softmax_attention
 from multiformer_jax.attention.blockwise import blockwise_attention, dropout_keep_mask
+from multiformer_jax.feedforward import FeedForward
 from multiformer_jax.model_config import ConfigError
 from tests.test_attention import mhma, np_attention, qkv
 from tests.test_model import jitted_apply, tiny_model
@@ -68,7 +70,8 @@ def test_blockwise_gradients_equal_dense(rate):
 def test_blockwise_dropout_is_random_per_key_and_unbiased():
   q, k, v = qkv(2, 64, 2, 8)
   mask = jnp.ones((2, 64), bool)
-  run = lambda seed: blockwise_attention(q, k, v, mask, 16, 0.5, jax.random.PRNGKey(seed))
+  run = jax.jit(lambda seed: blockwise_attention(q, k, v, mask, 16, 0.5,
+                                                 jax.random.PRNGKey(seed)))
   assert not np.allclose(run(0), run(1))
   np.testing.assert_array_equal(run(2), run(2))
   mean = np.mean([np.asarray(run(s)) for s in range(200)], axis=0)
@@ -88,11 +91,12 @@ def test_key_block_size_keeps_layer_outputs_and_padding_invariance(layout_text):
   params = dense.init(jax.random.PRNGKey(0), x, mask)
   assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
       blocked.init(jax.random.PRNGKey(0), x, mask))
-  out = blocked.apply(params, x, mask)
-  ref = dense.apply(params, x, mask)
+  apply = jax.jit(blocked.apply)
+  out = apply(params, x, mask)
+  ref = jax.jit(dense.apply)(params, x, mask)
   for b, n in enumerate(lengths):
     np.testing.assert_allclose(out[b, :n], ref[b, :n], atol=1e-5)
-    alone = blocked.apply(params, x[b:b + 1, :n], jnp.ones((1, n), bool))
+    alone = apply(params, x[b:b + 1, :n], jnp.ones((1, n), bool))
     np.testing.assert_allclose(alone[0], out[b, :n], atol=1e-5)
   # Training mode draws attention dropout from the module's dropout rng.
   train = lambda key: mhma(layout_text, key_block_size=4, attention_dropout=0.5).apply(
@@ -125,6 +129,77 @@ def test_blockwise_memory_is_linear_in_keys():
   assert temp_bytes(4096, blocked) < 0.1 * temp_bytes(4096, dense)
 
 
-def test_negative_key_block_size_is_rejected():
-  with pytest.raises(ConfigError, match="model.key_block_size=-2"):
-    ModelConfig(key_block_size=-2)
+@pytest.mark.parametrize("key, value", [("key_block_size", -2), ("ffn_token_chunk", -1)])
+def test_negative_block_sizes_are_rejected(key, value):
+  with pytest.raises(ConfigError, match=f"model.{key}={value}"):
+    ModelConfig(**{key: value})
+
+
+def test_chunked_feedforward_equals_dense_with_same_parameters():
+  x = jnp.asarray(np.random.default_rng(4).normal(size=(2, 13, 8)), jnp.float32)
+  dense, chunked = FeedForward(8, 24), FeedForward(8, 24, token_chunk=5)   # 26 tokens: padded
+  params = dense.init(jax.random.PRNGKey(0), x)
+  assert jax.tree_util.tree_map(jnp.shape, params) == jax.tree_util.tree_map(
+      jnp.shape, chunked.init(jax.random.PRNGKey(0), x))
+  np.testing.assert_array_equal(params["params"]["fc1"]["kernel"],
+                                chunked.init(jax.random.PRNGKey(0), x)["params"]["fc1"]["kernel"])
+  loss = lambda module: lambda p, x: jnp.sum(jnp.sin(module.apply(p, x)))
+  np.testing.assert_allclose(chunked.apply(params, x), dense.apply(params, x), atol=1e-6)
+  for got, want in zip(jax.tree_util.tree_leaves(jax.grad(loss(chunked), (0, 1))(params, x)),
+                       jax.tree_util.tree_leaves(jax.grad(loss(dense), (0, 1))(params, x))):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_chunked_feedforward_dropout_gradients_match_an_unchunked_reference():
+  """Training mode: each chunk's masks come from fold_in(rng, chunk); the recomputed backward
+  equals autodiff of the same computation written chunk by chunk without checkpointing."""
+  x = jnp.asarray(np.random.default_rng(5).normal(size=(2, 9, 8)), jnp.float32)
+  module = FeedForward(8, 16, dropout=0.2, activation_dropout=0.3, token_chunk=4)
+  params = module.init(jax.random.PRNGKey(0), x)
+  rng = jax.random.PRNGKey(11)
+
+  def reference(p, x):
+    (w1, b1), (w2, b2) = ((p["params"][n]["kernel"], p["params"][n]["bias"])
+                          for n in ("fc1", "fc2"))
+    flat = jnp.pad(x.reshape(18, 8), [(0, 2), (0, 0)]).reshape(5, 4, 8)
+    out = []
+    for i, chunk in enumerate(flat):
+      key = jax.random.fold_in(rng, i)
+      h = jax.nn.relu(chunk @ w1 + b1)
+      h = jnp.where(jax.random.bernoulli(jax.random.fold_in(key, 0), 0.7, h.shape), h / 0.7, 0)
+      y = h @ w2 + b2
+      out.append(jnp.where(jax.random.bernoulli(jax.random.fold_in(key, 1), 0.8, y.shape),
+                           y / 0.8, 0))
+    return jnp.concatenate(out)[:18].reshape(2, 9, 8)
+
+  # The module draws its rng from the "dropout" stream: recover it the same way.
+  chunked = lambda p, x: module.apply(p, x, False, rngs={"dropout": jax.random.PRNGKey(3)})
+  rng = module.apply(params, x, False, rngs={"dropout": jax.random.PRNGKey(3)},
+                     method=lambda m, x, d: m.make_rng("dropout"))
+  np.testing.assert_allclose(chunked(params, x), reference(params, x), atol=1e-6)
+  loss = lambda f: lambda p, x: jnp.sum(jnp.cos(f(p, x)))
+  for got, want in zip(jax.tree_util.tree_leaves(jax.grad(loss(chunked), (0, 1))(params, x)),
+                       jax.tree_util.tree_leaves(jax.grad(loss(reference), (0, 1))(params, x))):
+    np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_chunked_feedforward_saves_activation_memory():
+  x = jax.ShapeDtypeStruct((8, 1000, 64), jnp.float32)
+  def temp_bytes(module):
+    params = module.init(jax.random.PRNGKey(0), jnp.zeros((1, 4, 64)))
+    loss = lambda p, x: jnp.sum(module.apply(p, x, False, rngs={"dropout": jax.random.PRNGKey(0)}))
+    return jax.jit(jax.grad(loss, (0, 1))).lower(params, x).compile().memory_analysis(
+        ).temp_size_in_bytes
+  dense = temp_bytes(FeedForward(64, 512, 0.1, 0.1))
+  chunked = temp_bytes(FeedForward(64, 512, 0.1, 0.1, token_chunk=500))
+  assert chunked < 0.3 * dense, (chunked, dense)
+
+
+def test_ffn_token_chunk_keeps_whole_model_logits():
+  model, params = tiny_model(ffn_token_chunk=0)
+  chunked, _ = tiny_model(ffn_token_chunk=7)
+  features = jnp.asarray(np.random.default_rng(6).normal(size=(2, 40, 12)), jnp.float32)
+  lengths, tokens = jnp.array([40, 27]), jnp.array([[2, 5, 6, 7], [2, 8, 9, 1]])
+  np.testing.assert_allclose(
+      jitted_apply(chunked)({"params": params}, features, lengths, tokens),
+      jitted_apply(model)({"params": params}, features, lengths, tokens), atol=2e-5)
