@@ -42,6 +42,13 @@ def _unblock(x, length: int):
   return x.reshape((x.shape[0], -1) + x.shape[3:])[:, :length]
 
 
+def _key_blocks(k, v, key_mask, key_block: int):
+  """The scan inputs: (block index, k, v, key mask), each [blocks, batch, key_block, ...]."""
+  num_blocks = math.ceil(k.shape[1] / key_block)
+  return (jnp.arange(num_blocks), _blocks(k, num_blocks, key_block),
+          _blocks(v, num_blocks, key_block), _blocks(key_mask, num_blocks, key_block))
+
+
 def dropout_keep_mask(rng, block_index, rate: float, shape):
   """The dropout keep-mask [batch, heads, q_len, key_block] of one key block."""
   return jax.random.bernoulli(jax.random.fold_in(rng, block_index), 1.0 - rate, shape)
@@ -55,10 +62,7 @@ def _masked_logits(q_scaled, k_block, valid):
 
 def _forward(q, k, v, key_mask, rng, key_block: int, rate: float):
   batch, q_len, heads, head_dim = q.shape
-  num_blocks = math.ceil(k.shape[1] / key_block)
   q_scaled = q * head_dim ** -0.5
-  blocks = (jnp.arange(num_blocks), _blocks(k, num_blocks, key_block),
-            _blocks(v, num_blocks, key_block), _blocks(key_mask, num_blocks, key_block))
 
   def step(carry, block):
     running_max, normaliser, acc = carry   # [b, h, q], [b, h, q], [b, q, h, d]
@@ -77,7 +81,7 @@ def _forward(q, k, v, key_mask, rng, key_block: int, rate: float):
   init = (jnp.full((batch, heads, q_len), MASKED_LOGIT, jnp.float32),
           jnp.zeros((batch, heads, q_len), jnp.float32),
           jnp.zeros((batch, q_len, heads, head_dim), jnp.float32))
-  (running_max, normaliser, acc), _ = lax.scan(step, init, blocks)
+  (running_max, normaliser, acc), _ = lax.scan(step, init, _key_blocks(k, v, key_mask, key_block))
   normaliser = jnp.maximum(normaliser, 1e-30)
   out = (acc / jnp.swapaxes(normaliser, 1, 2)[..., None]).astype(v.dtype)
   log_sum_exp = running_max + jnp.log(normaliser)   # [batch, heads, q_len]
@@ -98,13 +102,10 @@ def _blockwise_bwd(key_block, rate, residuals, d_out):
   q, k, v, key_mask, rng, out, log_sum_exp = residuals
   head_dim = q.shape[-1]
   scale = head_dim ** -0.5
-  num_blocks = math.ceil(k.shape[1] / key_block)
   q_scaled = q * scale
   d_out32 = d_out.astype(jnp.float32)
   # sum_j dP_ij P_ij = dO_i . O_i (also with dropout: dropped weights give O).
   delta = jnp.swapaxes(jnp.sum(d_out32 * out.astype(jnp.float32), axis=-1), 1, 2)  # [b, h, q]
-  blocks = (jnp.arange(num_blocks), _blocks(k, num_blocks, key_block),
-            _blocks(v, num_blocks, key_block), _blocks(key_mask, num_blocks, key_block))
 
   def step(d_q, block):
     index, k_block, v_block, valid = block
@@ -121,7 +122,8 @@ def _blockwise_bwd(key_block, rate, residuals, d_out):
     d_k = jnp.einsum("bhqk,bqhd->bkhd", d_logits, q_scaled.astype(jnp.float32))
     return d_q, (d_k.astype(k.dtype), d_v.astype(v.dtype))
 
-  d_q, (d_k, d_v) = lax.scan(step, jnp.zeros(q.shape, jnp.float32), blocks)
+  d_q, (d_k, d_v) = lax.scan(step, jnp.zeros(q.shape, jnp.float32),
+                             _key_blocks(k, v, key_mask, key_block))
   return (d_q.astype(q.dtype), _unblock(d_k, k.shape[1]), _unblock(d_v, v.shape[1]), None,
           None)
 
