@@ -54,10 +54,10 @@ def kinds(head_dim: int, window_for_dense: int):
                           False)
   table[f"full/blockwise({KEY_BLOCK})"] = (
       lambda p, q, k, v, m: blockwise_attention(q, k, v, m, KEY_BLOCK), None, False)
+  dummy = jnp.zeros((1, 16, 1, head_dim))
   for kernel, stride in ((5, 2), (7, 3)):
     for key_block in (0, KEY_BLOCK):
       module = ConvAttention(kernel, stride, key_block_size=key_block)
-      dummy = jnp.zeros((1, 16, 1, head_dim))
       params = module.init(jax.random.PRNGKey(0), dummy, dummy, dummy,
                            jnp.ones((1, 16), bool))["params"]
       name = f"conv({kernel},{stride})" + (f"/blockwise({key_block})" if key_block else "")

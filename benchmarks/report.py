@@ -64,6 +64,14 @@ def _verdict(ok):
   return "met" if ok else "**not met**"
 
 
+def _kind_rows(kinds, lengths, lookup, key, scale=1.0, fmt="{:.3f}", label="{}"):
+  """Table rows [label(kind), row[key] / scale at each n] (a dash where not measured);
+  lookup(kind, n) -> the result row or None."""
+  def cell(row):
+    return fmt.format(row[key] / scale) if row and row.get(key) is not None else "—"
+  return [[label.format(kind)] + [cell(lookup(kind, n)) for n in lengths] for kind in kinds]
+
+
 def attention_section(directory, plot_dir):
   meta, rows = _load(directory, "attention.jsonl")
   if not rows:
@@ -76,15 +84,12 @@ def attention_section(directory, plot_dir):
   tget = {(r["kind"], r["n"]): r for r in torch_rows}
   torch_kinds = list(dict.fromkeys(r["kind"] for r in torch_rows))
 
-  def cell(kind, n, key, scale=1.0, fmt="{:.3f}"):
-    r = get.get((kind, n)) or tget.get((kind, n))
-    return fmt.format(r[key] / scale) if r and key in r else "—"
-
-  time_rows = [[k] + [cell(k, n, "seconds") for n in lengths] for k in kinds + torch_kinds]
-  mem_rows = [[k] + [cell(k, n, "temp_bytes", MIB, "{:.0f}") for n in lengths] for k in kinds]
-  mem_rows += [[k + " (RSS growth)"] + [cell(k, n, "peak_growth_bytes", MIB, "{:.0f}")
-                                         for n in lengths] for k in torch_kinds]
-  flop_rows = [[k] + [cell(k, n, "flops", 1e9, "{:.1f}") for n in lengths] for k in kinds]
+  lookup = lambda kind, n: get.get((kind, n)) or tget.get((kind, n))
+  time_rows = _kind_rows(kinds + torch_kinds, lengths, lookup, "seconds")
+  mem_rows = _kind_rows(kinds, lengths, lookup, "temp_bytes", MIB, "{:.0f}")
+  mem_rows += _kind_rows(torch_kinds, lengths, lookup, "peak_growth_bytes", MIB, "{:.0f}",
+                         "{} (RSS growth)")
+  flop_rows = _kind_rows(kinds, lengths, lookup, "flops", 1e9, "{:.1f}")
   header = ["kind"] + [f"n={n}" for n in lengths]
 
   for key, ylabel, name, scale in (("seconds", "fwd+bwd seconds", "attention_time.png", 1),
@@ -92,8 +97,8 @@ def attention_section(directory, plot_dir):
                                     "attention_memory.png", MIB)):
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for kind in kinds + (torch_kinds if key == "seconds" else []):
-      points = [(n, (get.get((kind, n)) or tget.get((kind, n)))[key] / scale) for n in lengths
-                if (get.get((kind, n)) or tget.get((kind, n)) or {}).get(key) is not None]
+      points = [(n, lookup(kind, n)[key] / scale) for n in lengths
+                if (lookup(kind, n) or {}).get(key) is not None]
       if points:
         ax.plot(*zip(*points), marker="o", label=kind,
                 linestyle="--" if kind in torch_kinds else "-")
@@ -180,13 +185,10 @@ def blockwise_section(directory):
   kinds = list(dict.fromkeys(r["kind"] for r in measured))
   lengths = sorted({r["n"] for r in measured})
   get = {(r["kind"], r["n"]): r for r in measured}
-
-  def cell(kind, n, key, scale=1.0, fmt="{:.3f}"):
-    r = get.get((kind, n))
-    return fmt.format(r[key] / scale) if r and r.get(key) is not None else "—"
+  lookup = lambda kind, n: get.get((kind, n))
   header = ["kind"] + [f"n={n}" for n in lengths]
-  time_rows = [[k] + [cell(k, n, "seconds") for n in lengths] for k in kinds]
-  mem_rows = [[k] + [cell(k, n, "temp_bytes", MIB, "{:.0f}") for n in lengths] for k in kinds]
+  time_rows = _kind_rows(kinds, lengths, lookup, "seconds")
+  mem_rows = _kind_rows(kinds, lengths, lookup, "temp_bytes", MIB, "{:.0f}")
   text = f"""## Blockwise softmax for full and conv heads
 
 Machine: {_machine(meta)}. Command: `{_cmd(meta['command'])}`.

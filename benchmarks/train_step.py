@@ -66,15 +66,21 @@ def setup(config):
   return model, step, state, dp
 
 
-def model_flops(config, batch) -> float:
+def abstract(tree):
+  """The shapes and dtypes of `tree`'s arrays (for compiling without data)."""
+  return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+
+
+def model_flops(config, batch, stats: dict) -> float:
   """XLA's FLOPs of one update of the model without the loop-based memory options: XLA counts
   a loop body once, so the blockwise softmax and the chunked FFN would show a fraction of
-  their work. Their recomputation is not counted (model FLOPs, as in MFU)."""
+  their work. Their recomputation is not counted (model FLOPs, as in MFU). `stats`: the
+  executable_stats of `config`'s own step, reused when it has neither option."""
+  if not (config.model.key_block_size or config.model.ffn_token_chunk):
+    return stats["flops"]
   dense = copy.deepcopy(config)
   dense.model.key_block_size, dense.model.ffn_token_chunk = 0, 0
   _, step, state, _ = setup(dense)
-  abstract = lambda tree: jax.tree_util.tree_map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
   return step_stats(step, abstract(state), abstract(batch))["flops"]
 
 
@@ -113,9 +119,9 @@ def main(argv=None):
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
                                   config.model.input_dim, 8000))
       t0 = time.perf_counter()
-      step_stats(step, state, batch)
+      stats = step_stats(step, state, batch)
       compile_s = time.perf_counter() - t0
-      flops = model_flops(config, batch)
+      flops = model_flops(config, batch, stats)
       for _ in range(2):
         state, metrics = step(state, batch, True)
       jax.block_until_ready(metrics)
@@ -134,13 +140,9 @@ def main(argv=None):
   for name in filter(None, args.memory_configs.split(",")):
     config = load_config(name, args.dtype)
     _, step, state, dp = setup(config)
-    batch = jax.tree_util.tree_map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-        make_batch(args.memory_batch, args.memory_frames, 2 * args.tokens,
-                   config.model.input_dim, 8000))
-    abstract_state = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                            state)
-    memory = step_stats(step, abstract_state, batch)
+    batch = abstract(make_batch(args.memory_batch, args.memory_frames, 2 * args.tokens,
+                                config.model.input_dim, 8000))
+    memory = step_stats(step, abstract(state), batch)
     total = memory["temp_bytes"] + memory["argument_bytes"] + memory["output_bytes"] - \
         memory["alias_bytes"]
     results.add(config=name, layout=config.model.encoder_layout,

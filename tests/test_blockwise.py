@@ -9,6 +9,7 @@ import pytest
 from multiformer_jax import ModelConfig
 from multiformer_jax.attention import softmax_attention
 from multiformer_jax.attention.blockwise import blockwise_attention, dropout_keep_mask
+from multiformer_jax.attention.masks import lengths_to_mask
 from multiformer_jax.feedforward import FeedForward
 from multiformer_jax.model_config import ConfigError
 from tests.test_attention import mhma, np_attention, qkv
@@ -17,15 +18,11 @@ from tests.test_model import jitted_apply, tiny_model
 LENGTHS = [45, 20, 1]
 
 
-def key_mask(lengths, length):
-  return jnp.asarray(np.arange(length)[None] < np.asarray(lengths)[:, None])
-
-
 @pytest.mark.parametrize("key_block", [1, 4, 7, 16, 64])
 def test_blockwise_equals_numpy_softmax(key_block):
   q, _, _ = qkv(3, 37, 2, 8)
   _, k, v = qkv(3, 45, 2, 8)
-  mask = key_mask(LENGTHS, 45)
+  mask = lengths_to_mask(LENGTHS, 45)
   out = blockwise_attention(q, k, v, mask, key_block)
   ref = np_attention(q, k, v, np.asarray(mask)[:, None, None, :])
   np.testing.assert_allclose(out, ref, atol=2e-6)
@@ -52,7 +49,7 @@ def test_blockwise_gradients_equal_dense(rate):
   the dense computation with the same masks."""
   q, _, _ = qkv(3, 13, 2, 8)
   _, k, v = qkv(3, 45, 2, 8)
-  mask = key_mask(LENGTHS, 45)
+  mask = lengths_to_mask(LENGTHS, 45)
   rng = jax.random.PRNGKey(7)
   keep = block_masks(rng, rate, (3, 2, 13), 16, 45) if rate else None
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
@@ -87,7 +84,7 @@ def test_key_block_size_keeps_layer_outputs_and_padding_invariance(layout_text):
   dense, blocked = mhma(layout_text), mhma(layout_text, key_block_size=4)
   lengths = [21, 14, 5]
   x = jnp.asarray(np.random.default_rng(2).normal(size=(3, 21, 32)), jnp.float32)
-  mask = key_mask(lengths, 21)
+  mask = lengths_to_mask(lengths, 21)
   params = dense.init(jax.random.PRNGKey(0), x, mask)
   assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(
       blocked.init(jax.random.PRNGKey(0), x, mask))
