@@ -7,7 +7,9 @@ import pytest
 
 from multiformer_jax.attention import (MultiHeadMultiAttention, favor_attention,
                                        local_attention, softmax_attention)
-from multiformer_jax.attention.kernel import orthogonal_gaussian_features
+from multiformer_jax.attention import local as local_lib
+from multiformer_jax.attention.blockwise import dropout_keep_mask
+from multiformer_jax.attention.kernel import favor_weights, orthogonal_gaussian_features
 from multiformer_jax.layout import parse_layout
 
 RNG = np.random.default_rng(0)
@@ -72,6 +74,67 @@ def test_local_wider_than_sequence_equals_full():
   np.testing.assert_allclose(local[1, :11], full[1, :11], atol=1e-5)
 
 
+def local_keep_scales(rng, rate, shape, length, window, block, chunk_blocks):
+  """The dropout keep-scales local attention draws per chunk, laid out as one dense
+  [b, h, q, k] array (zero outside the band)."""
+  radius, width = window // 2, block + 2 * (window // 2)
+  chunks = -(-length // (block * chunk_blocks))
+  dense = np.zeros(shape[:2] + (length, length), np.float32)
+  for chunk in range(chunks):
+    keep = np.asarray(dropout_keep_mask(rng, chunk, rate,
+                                        shape[:2] + (chunk_blocks, block, width)))
+    for c in range(chunk_blocks):
+      for i in range(block):
+        query = (chunk * chunk_blocks + c) * block + i
+        for j in range(width):
+          key = (chunk * chunk_blocks + c) * block - radius + j
+          if query < length and 0 <= key < length and abs(key - query) <= radius:
+            dense[:, :, query, key] = keep[:, :, c, i, j] / (1.0 - rate)
+  return jnp.asarray(dense)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3])
+def test_local_gradients_equal_dense_banded(rate, monkeypatch):
+  """The hand-written backward (chunks recomputed, dropout masks regenerated) == autodiff of
+  the dense banded softmax with the same masks; several chunks, padded keys."""
+  monkeypatch.setattr(local_lib, "QUERY_CHUNK", 8)     # 2 blocks of 4 per chunk
+  window, length, block = 7, 29, 4
+  q, k, v = qkv(2, length, 2, 8)
+  lengths = [length, 17]
+  mask = jnp.asarray(np.arange(length)[None] < np.asarray(lengths)[:, None])
+  rng = jax.random.PRNGKey(5)
+  weights_mask = jnp.asarray(band_mask(lengths, length, window))
+  keep = (local_keep_scales(rng, rate, (2, 2), length, window, block, 2) if rate
+          else jnp.ones((2, 2, length, length)))
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+  cotangent = cotangent * mask[:, :, None, None]
+
+  def dense(q, k, v):
+    _, weights = softmax_attention(q, k, v, weights_mask)
+    return jnp.sum(jnp.einsum("bhqk,bkhd->bqhd", weights * keep, v) * cotangent)
+
+  def banded(q, k, v):
+    out = local_attention(q, k, v, mask, window, block_size=block, dropout_rate=rate,
+                          dropout_rng=rng if rate else None)
+    return jnp.sum(out * cotangent)
+
+  np.testing.assert_allclose(banded(q, k, v), dense(q, k, v), rtol=1e-5)
+  for got, want in zip(jax.grad(banded, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(got, want, atol=2e-5)
+  assert float(jnp.max(jnp.abs(jax.grad(banded, 1)(q, k, v)[1, 17:]))) == 0.0
+
+
+def test_local_dropout_draws():
+  q, k, v = qkv(1, 40, 2, 8)
+  mask = jnp.ones((1, 40), bool)
+  run = jax.jit(lambda seed: local_attention(q, k, v, mask, 9, dropout_rate=0.5,
+                                             dropout_rng=jax.random.PRNGKey(seed)))
+  assert not np.allclose(run(0), run(1))
+  np.testing.assert_array_equal(run(2), run(2))
+  with pytest.raises(ValueError, match="dropout_rng"):
+    local_attention(q, k, v, mask, 9, dropout_rate=0.1)
+
+
 def test_local_memory_is_linear_in_length():
   """No n x n array: the largest intermediate of the compiled program grows ~linearly."""
   def temp_bytes(n):
@@ -102,6 +165,22 @@ def test_orthogonal_features_are_orthogonal_within_blocks():
   w = np.asarray(orthogonal_gaussian_features(jax.random.PRNGKey(0), 20, 8))
   block = w[:8] / np.linalg.norm(w[:8], axis=1, keepdims=True)
   np.testing.assert_allclose(block @ block.T, np.eye(8), atol=1e-5)
+
+
+def test_kernel_linear_form_equals_its_quadratic_form():
+  """favor_attention (phi_q (phi_k^T v), never forming the weights) == favor_weights @ v, the
+  same features as an explicit [q, k] matrix: outputs and gradients, with padded keys."""
+  q, k, v = qkv(2, 23, 3, 8, scale=0.5)
+  mask = jnp.asarray(np.arange(23)[None] < np.array([[23], [15]]))
+  proj = orthogonal_gaussian_features(jax.random.PRNGKey(3), 32, 8)
+  cotangent = jnp.asarray(np.random.default_rng(2).normal(size=q.shape), jnp.float32)
+  linear = lambda q, k, v: jnp.sum(favor_attention(q, k, v, mask, proj) * cotangent)
+  quadratic = lambda q, k, v: jnp.sum(jnp.einsum(
+      "bhqk,bkhd->bqhd", favor_weights(q, k, mask, proj), v) * cotangent)
+  np.testing.assert_allclose(linear(q, k, v), quadratic(q, k, v), rtol=1e-5)
+  for got, want in zip(jax.grad(linear, (0, 1, 2))(q, k, v),
+                       jax.grad(quadratic, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(got, want, atol=1e-5)
 
 
 def test_kernel_masks_padded_keys_exactly():
