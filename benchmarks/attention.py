@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, compiled, machine, time_call  # noqa: E402
+from benchmarks.common import (Results, compiled, local_heads_in_one_chunk, machine,  # noqa: E402
+                               time_call)
 from multiformer_jax.attention.blockwise import blockwise_attention  # noqa: E402
 from multiformer_jax.attention.conv import ConvAttention  # noqa: E402
 from multiformer_jax.attention.full import softmax_attention  # noqa: E402
@@ -107,6 +108,9 @@ def main(argv=None):
         continue
       exe, stats = compiled(fwd_bwd(fn), params, q, k, v, mask)
       seconds = time_call(exe, params, q, k, v, mask, repeats=args.repeats)
+      if name.startswith("local"):   # FLOPs of the whole band, not of one scan step
+        with local_heads_in_one_chunk():
+          stats["flops"] = compiled(fwd_bwd(fn), params, q, k, v, mask)[1]["flops"]
       results.add(kind=name, n=n, seconds=round(seconds, 5), **stats)
 
 

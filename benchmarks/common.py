@@ -3,6 +3,7 @@ measured matmul peak, and result files (JSON lines + a description of the machin
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -13,6 +14,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from multiformer_jax.attention import local as local_lib
 
 
 def machine() -> dict:
@@ -42,6 +45,19 @@ def executable_stats(exe) -> dict:
           "output_bytes": size("output_size_in_bytes"),
           "alias_bytes": size("alias_size_in_bytes"),
           "flops": float((cost or {}).get("flops", 0.0))}
+
+
+@contextlib.contextmanager
+def local_heads_in_one_chunk():
+  """Local heads trace as a single scan step while this is active. XLA's cost analysis counts
+  a loop body once, so FLOPs of local heads are read off a program compiled in here (its
+  backward still recomputes the band's logits: one extra q k^T product, counted)."""
+  saved = local_lib.QUERY_CHUNK
+  local_lib.QUERY_CHUNK = 1 << 40
+  try:
+    yield
+  finally:
+    local_lib.QUERY_CHUNK = saved
 
 
 def compiled(fn, *args):

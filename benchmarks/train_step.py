@@ -30,7 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, executable_stats, machine, matmul_peak  # noqa: E402
+from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
+                               machine, matmul_peak)
 from multiformer_jax import build_model, train  # noqa: E402
 from multiformer_jax.parallel import DataParallel  # noqa: E402
 
@@ -74,14 +75,17 @@ def abstract(tree):
 def model_flops(config, batch, stats: dict) -> float:
   """XLA's FLOPs of one update of the model without the loop-based memory options: XLA counts
   a loop body once, so the blockwise softmax and the chunked FFN would show a fraction of
-  their work. Their recomputation is not counted (model FLOPs, as in MFU). `stats`: the
-  executable_stats of `config`'s own step, reused when it has neither option."""
-  if not (config.model.key_block_size or config.model.ffn_token_chunk):
+  their work. Their recomputation is not counted (model FLOPs, as in MFU); local heads, which
+  always loop, are compiled as one chunk (their backward's recomputed q k^T is counted).
+  `stats`: the executable_stats of `config`'s own step, reused when it loops nowhere."""
+  has_local = "local" in config.model.encoder_layout
+  if not (config.model.key_block_size or config.model.ffn_token_chunk or has_local):
     return stats["flops"]
   dense = copy.deepcopy(config)
   dense.model.key_block_size, dense.model.ffn_token_chunk = 0, 0
-  _, step, state, _ = setup(dense)
-  return step_stats(step, abstract(state), abstract(batch))["flops"]
+  with local_heads_in_one_chunk():
+    _, step, state, _ = setup(dense)
+    return step_stats(step, abstract(state), abstract(batch))["flops"]
 
 
 def step_stats(step, state, batch) -> dict:
