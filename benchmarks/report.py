@@ -254,9 +254,11 @@ def train_section(directory):
     fs = fairseq_rows[0]
     fairseq_text = (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads), same "
                     f"batch: {fs['seconds']} s/step, {fs['frames_per_s']} frames/s, measured "
-                    f"{fs.get('date', 'earlier')} next to the dense-softmax run of this toolkit "
-                    f"(docs/benchmarks_notes.md). Command: `/tmp/fsenv/bin/"
-                    f"{_cmd(fs['command'])}` (a torch + fairseq environment).\n")
+                    f"{fs.get('date', 'earlier')}"
+                    + (" right after the run above" if fs.get("peak") == peak else
+                       ", in another run than the one above")
+                    + f". Command: `/tmp/fsenv/bin/{_cmd(fs['command'])}` (a torch + fairseq "
+                    "environment; how to build it: docs/benchmarks_notes.md).\n")
     if ours:
       ratio = ours["frames_per_s"] / fs["frames_per_s"]
       same_run = fs.get("date") == meta.get("date") and fs.get("peak") == peak

@@ -4,8 +4,10 @@ lucidrains `local-attention` (exact +-64 window) and `performer-pytorch` (256 fe
 Needs an environment with torch, local-attention and performer-pytorch (not the toolkit's;
 torch is not a dependency of multiformer-jax):
 
-    python -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch local-attention \
-        performer-pytorch
+    python -m venv /tmp/torchenv && /tmp/torchenv/bin/pip install torch==2.13.0 \
+        local-attention==1.11.2 performer-pytorch==1.1.4
+(torch 2.13.0's CPU wheel lies on the project machines' disk; a plain `torch` pulls a CUDA
+build of several GB.)
     /tmp/torchenv/bin/python benchmarks/torch_attention.py --out docs/benchmarks/torch_attention.jsonl
 
 Each (kind, n) runs in a fresh subprocess, so its memory figure is the growth of the peak
