@@ -49,6 +49,16 @@ def _key_blocks(k, v, key_mask, key_block: int):
           _blocks(v, num_blocks, key_block), _blocks(key_mask, num_blocks, key_block))
 
 
+def checked_dropout_rng(what: str, rate: float, rng):
+  """The PRNG key of an attention dropout `rate` (validated): `rng`, or a fixed stand-in key
+  when there is no dropout."""
+  if not 0.0 <= rate < 1.0:
+    raise ValueError(f"attention dropout must be in [0, 1), got {rate}")
+  if rate > 0.0 and rng is None:
+    raise ValueError(f"{what} with dropout needs a dropout_rng")
+  return jax.random.PRNGKey(0) if rng is None else rng
+
+
 def dropout_keep_mask(rng, block_index, rate: float, shape):
   """The dropout keep-mask [batch, heads, q_len, key_block] of one key block."""
   return jax.random.bernoulli(jax.random.fold_in(rng, block_index), 1.0 - rate, shape)
@@ -141,11 +151,6 @@ def blockwise_attention(q, k, v, key_mask, key_block: int, dropout_rate: float =
   """
   if key_block < 1:
     raise ValueError(f"key_block must be >= 1, got {key_block}")
-  if not 0.0 <= dropout_rate < 1.0:
-    raise ValueError(f"attention dropout must be in [0, 1), got {dropout_rate}")
-  if dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError("blockwise attention with dropout needs a dropout_rng")
-  if dropout_rng is None:
-    dropout_rng = jax.random.PRNGKey(0)   # unused: no dropout
+  dropout_rng = checked_dropout_rng("blockwise attention", dropout_rate, dropout_rng)
   key_block = min(key_block, k.shape[1])
   return _blockwise(q, k, v, key_mask.astype(bool), dropout_rng, key_block, float(dropout_rate))

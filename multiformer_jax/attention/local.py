@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from multiformer_jax.attention.blockwise import dropout_keep_mask
+from multiformer_jax.attention.blockwise import checked_dropout_rng, dropout_keep_mask
 from multiformer_jax.attention.full import attention_weights
 from multiformer_jax.attention.masks import MASKED_LOGIT
 
@@ -69,6 +69,19 @@ class _Band:
     x = x.reshape(batch, -1, self.block, heads, dim)
     return jnp.transpose(x, (0, 3, 1, 2, 4))
 
+  def unqueries(self, x, length: int):
+    """The inverse of `queries`: [chunks, batch, heads, C, block, dim] -> [batch, time, heads,
+    dim]."""
+    x = jnp.transpose(x, (1, 0, 3, 4, 2, 5))                  # [batch, chunks, C, block, h, d]
+    return x.reshape(x.shape[0], -1, x.shape[4], x.shape[5])[:, :length]
+
+  def unkeys(self, x, length: int):
+    """The inverse of `keys`: [batch, heads, side + blocks + side, block, dim] -> [batch, time,
+    heads, dim]."""
+    x = x[:, :, self.side:self.side + self.num_blocks]
+    x = jnp.transpose(x, (0, 2, 3, 1, 4))
+    return x.reshape(x.shape[0], -1, x.shape[3], x.shape[4])[:, :length]
+
   def key_mask(self, mask):
     """[batch, time] -> [batch, side + blocks + side, block] (False in the padding)."""
     pad = self.num_blocks * self.block - mask.shape[1]
@@ -94,7 +107,7 @@ class _Band:
 
 
 def _chunk_probs(band, q_scaled, k, key_mask, chunk):
-  """Unnormalised weights of one chunk, their valid mask and the chunk's key/value windows."""
+  """One chunk's masked logits, their valid mask and the chunk's key windows."""
   k_win = band.windows(band.chunk_keys(k, chunk, 2), 2)        # [batch, heads, C, width, dim]
   valid = band.valid(band.chunk_keys(key_mask, chunk, 1))      # [batch, 1, C, block, width]
   logits = jnp.einsum("bhcqd,bhckd->bhcqk", q_scaled, k_win,
@@ -124,30 +137,16 @@ def _forward(band, q, k, v, key_mask, rng, rate):
   return out, log_sum_exp     # [chunks, batch, heads, C, block, dim], [chunks, ..., block]
 
 
-def _from_chunks(band, x, length: int):
-  """[chunks, batch, heads, C, block, dim] -> [batch, time, heads, dim]."""
-  x = jnp.transpose(x, (1, 0, 3, 4, 2, 5))                     # [batch, chunks, C, block, h, d]
-  return x.reshape(x.shape[0], -1, x.shape[4], x.shape[5])[:, :length]
-
-
-def _from_key_blocks(band, x, length: int):
-  """The inverse of `band.keys`: [batch, heads, side + blocks + side, block, dim] -> [batch,
-  time, heads, dim]."""
-  x = x[:, :, band.side:band.side + band.num_blocks]
-  x = jnp.transpose(x, (0, 2, 3, 1, 4))
-  return x.reshape(x.shape[0], -1, x.shape[3], x.shape[4])[:, :length]
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
 def _banded(q, k, v, key_mask, rng, window, block, rate):
   band = _Band(q.shape[1], window, block)
-  return _from_chunks(band, _forward(band, q, k, v, key_mask, rng, rate)[0], q.shape[1])
+  return band.unqueries(_forward(band, q, k, v, key_mask, rng, rate)[0], q.shape[1])
 
 
 def _banded_fwd(q, k, v, key_mask, rng, window, block, rate):
   band = _Band(q.shape[1], window, block)
   out_chunks, log_sum_exp = _forward(band, q, k, v, key_mask, rng, rate)
-  out = _from_chunks(band, out_chunks, q.shape[1])
+  out = band.unqueries(out_chunks, q.shape[1])
   return out, (q, k, v, key_mask, rng, out_chunks, log_sum_exp)
 
 
@@ -189,9 +188,8 @@ def _banded_bwd(window, block, rate, residuals, d_out):
 
   xs = (jnp.arange(band.num_chunks), band.queries(q), d_out, log_sum_exp, delta)
   (d_k, d_v), d_q = lax.scan(step, (jnp.zeros_like(k_blocks), jnp.zeros_like(v_blocks)), xs)
-  return (_from_chunks(band, d_q, length).astype(q.dtype),
-          _from_key_blocks(band, d_k, length).astype(k.dtype),
-          _from_key_blocks(band, d_v, length).astype(v.dtype), None, None)
+  return (band.unqueries(d_q, length).astype(q.dtype), band.unkeys(d_k, length).astype(k.dtype),
+          band.unkeys(d_v, length).astype(v.dtype), None, None)
 
 
 _banded.defvjp(_banded_fwd, _banded_bwd)
@@ -209,10 +207,7 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
     raise ValueError(f"local window must be odd and >= 1, got {window}")
   if dilation < 1:
     raise ValueError(f"local dilation must be >= 1, got {dilation}")
-  if not 0.0 <= dropout_rate < 1.0:
-    raise ValueError(f"attention dropout must be in [0, 1), got {dropout_rate}")
-  if dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError("local attention with dropout needs a dropout_rng")
+  dropout_rng = checked_dropout_rng("local attention", dropout_rate, dropout_rng)
   batch, length, heads, head_dim = q.shape
   if dilation > 1:
     # Fold the d residues mod d into the batch: [batch*d, ceil(time/d), heads, head_dim].
@@ -228,8 +223,6 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
     out = jnp.swapaxes(out, 1, 2).reshape(batch, padded_len, heads, head_dim)
     return out[:, :length]
   block = block_size or default_block_size(window // 2, length)
-  if dropout_rng is None:
-    dropout_rng = jax.random.PRNGKey(0)   # unused: no dropout
   return _banded(q, k, v, key_mask.astype(bool), dropout_rng, window, block,
                  float(dropout_rate))
 
