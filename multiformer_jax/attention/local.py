@@ -59,15 +59,16 @@ class _Band:
     x = x.reshape(batch, self.num_chunks, self.chunk_blocks, self.block, heads, dim)
     return jnp.transpose(x, (1, 0, 4, 2, 3, 5))
 
+  def _key_blocks(self, x):
+    """[batch, time, ...] -> [batch, side + blocks + side, block, ...]: zero (False) padded by
+    `side` blocks at each end, so every chunk's neighbours exist, and up to whole blocks."""
+    after = self.num_blocks * self.block - x.shape[1] + self.side * self.block
+    x = jnp.pad(x, [(0, 0), (self.side * self.block, after)] + [(0, 0)] * (x.ndim - 2))
+    return x.reshape((x.shape[0], -1, self.block) + x.shape[2:])
+
   def keys(self, x):
-    """[batch, time, heads, dim] -> [batch, heads, side + blocks + side, block, dim]: key blocks,
-    zero padded by `side` blocks at each end so every chunk's neighbours exist."""
-    batch, length, heads, dim = x.shape
-    pad = self.num_blocks * self.block - length
-    x = jnp.pad(x, [(0, 0), (self.side * self.block, pad + self.side * self.block), (0, 0),
-                    (0, 0)])
-    x = x.reshape(batch, -1, self.block, heads, dim)
-    return jnp.transpose(x, (0, 3, 1, 2, 4))
+    """[batch, time, heads, dim] -> [batch, heads, side + blocks + side, block, dim]."""
+    return jnp.transpose(self._key_blocks(x), (0, 3, 1, 2, 4))
 
   def unqueries(self, x, length: int):
     """The inverse of `queries`: [chunks, batch, heads, C, block, dim] -> [batch, time, heads,
@@ -84,9 +85,7 @@ class _Band:
 
   def key_mask(self, mask):
     """[batch, time] -> [batch, side + blocks + side, block] (False in the padding)."""
-    pad = self.num_blocks * self.block - mask.shape[1]
-    mask = jnp.pad(mask, [(0, 0), (self.side * self.block, pad + self.side * self.block)])
-    return mask.reshape(mask.shape[0], -1, self.block)
+    return self._key_blocks(mask)
 
   def chunk_keys(self, x, chunk, axis: int):
     """The key blocks chunk `chunk` needs: chunk_blocks + 2*side blocks along `axis`."""
