@@ -194,7 +194,7 @@ def blockwise_section(directory):
 Machine: {_machine(meta)}. Command: `{_cmd(meta['command'])}`.
 A separate run from the table above (this machine's speed differs between runs: compare rows
 within one table). `/blockwise(512)` = the same heads with `model.key_block_size=512`, the
-default (exact online softmax over blocks of 512 keys, recomputed in the backward); the rows
+CPU default (exact online softmax over blocks of 512 keys, recomputed in the backward); the rows
 without it are the dense softmax (`model.key_block_size=0`). fwd+bwd, batch {meta['batch']},
 {meta['heads']} heads x {meta['head_dim']} dims; dense full attention is skipped above
 n = 4096. (XLA's cost analysis counts a loop body once, so FLOPs are not compared here.)
@@ -289,7 +289,8 @@ Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens,
 utilisation = XLA FLOPs of the step / step time / measured peak, where the FLOPs are the
 model's (the same step compiled with the dense softmax and the unchunked FFN: XLA counts a
 loop body once, and the backward's recomputation is not model work). "options" are the
-memory options (`model.key_block_size`, `model.ffn_token_chunk`; defaults 512 and 1024).
+memory options (`model.key_block_size`, `model.ffn_token_chunk`; their default, -1, is 512 and
+1024 on CPU and 0, the dense forms, on GPU).
 
 {table}
 {fairseq_text}

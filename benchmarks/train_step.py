@@ -72,20 +72,27 @@ def abstract(tree):
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def model_flops(config, batch, stats: dict) -> float:
+def model_flops(config, model, batch, stats: dict) -> float:
   """XLA's FLOPs of one update of the model without the loop-based memory options: XLA counts
   a loop body once, so the blockwise softmax and the chunked FFN would show a fraction of
   their work. Their recomputation is not counted (model FLOPs, as in MFU); local heads, which
   always loop, are compiled as one chunk (their backward's recomputed q k^T is counted).
   `stats`: the executable_stats of `config`'s own step, reused when it loops nowhere."""
   has_local = "local" in config.model.encoder_layout
-  if not (config.model.key_block_size or config.model.ffn_token_chunk or has_local):
+  if not (model.config.resolved_key_block_size or model.config.resolved_ffn_token_chunk
+          or has_local):
     return stats["flops"]
   dense = copy.deepcopy(config)
   dense.model.key_block_size, dense.model.ffn_token_chunk = 0, 0
   with local_heads_in_one_chunk():
     _, step, state, _ = setup(dense)
     return step_stats(step, abstract(state), abstract(batch))["flops"]
+
+
+def memory_options(model) -> dict:
+  """The memory options the model was built with (AUTO resolved for this backend)."""
+  return {"key_block_size": model.config.resolved_key_block_size,
+          "ffn_token_chunk": model.config.resolved_ffn_token_chunk}
 
 
 def step_stats(step, state, batch) -> dict:
@@ -110,6 +117,10 @@ def main(argv=None):
   parser.add_argument("--skip_timing", action="store_true")
   parser.add_argument("--peak_size", type=int, default=2048,
                       help="matmul size for the peak (8192 on a GPU)")
+  parser.add_argument("--trace_dir", default="",
+                      help="write a profiler trace (perfetto_trace.json.gz) of 3 more steps of "
+                           "each timed config under this folder (summary: "
+                           "benchmarks/trace_summary.py)")
   args = parser.parse_args(argv)
   peak = matmul_peak(args.peak_size,
                      dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
@@ -123,35 +134,38 @@ def main(argv=None):
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
                                   config.model.input_dim, 8000))
       t0 = time.perf_counter()
-      stats = step_stats(step, state, batch)
+      update = step.lower(state, batch, True).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
-      flops = model_flops(config, batch, stats)
+      flops = model_flops(config, model, batch, executable_stats(update))
       for _ in range(2):
-        state, metrics = step(state, batch, True)
+        state, metrics = update(state, batch)
       jax.block_until_ready(metrics)
       t0 = time.perf_counter()
       for _ in range(args.steps):
-        state, metrics = step(state, batch, True)
+        state, metrics = update(state, batch)
       jax.block_until_ready(metrics)
       seconds = (time.perf_counter() - t0) / args.steps
+      if args.trace_dir:  # after the timing, so that tracing does not slow the timed steps
+        with jax.profiler.trace(os.path.join(args.trace_dir, name.replace("@", "_")),
+                                create_perfetto_trace=True):
+          for _ in range(3):
+            state, metrics = update(state, batch)
+          jax.block_until_ready(metrics)
       frames = args.batch * args.frames
       results.add(config=name, layout=config.model.encoder_layout,
-                  key_block_size=config.model.key_block_size,
-                  ffn_token_chunk=config.model.ffn_token_chunk, seconds=round(seconds, 4),
+                  **memory_options(model), seconds=round(seconds, 4),
                   frames_per_s=round(frames / seconds, 1), flops=flops,
                   utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
                   loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
   for name in filter(None, args.memory_configs.split(",")):
     config = load_config(name, args.dtype)
-    _, step, state, dp = setup(config)
+    model, step, state, dp = setup(config)
     batch = abstract(make_batch(args.memory_batch, args.memory_frames, 2 * args.tokens,
                                 config.model.input_dim, 8000))
     memory = step_stats(step, abstract(state), batch)
     total = memory["temp_bytes"] + memory["argument_bytes"] + memory["output_bytes"] - \
         memory["alias_bytes"]
-    results.add(config=name, layout=config.model.encoder_layout,
-                key_block_size=config.model.key_block_size,
-                ffn_token_chunk=config.model.ffn_token_chunk,
+    results.add(config=name, layout=config.model.encoder_layout, **memory_options(model),
                 memory_batch=f"{args.memory_batch} x {args.memory_frames} frames",
                 temp_bytes=memory["temp_bytes"], total_bytes=total,
                 total_gib=round(total / 2 ** 30, 2))

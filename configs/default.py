@@ -9,6 +9,10 @@ import ml_collections
 
 # The thesis's Local(64): each token attends to the 64/2 = 32 tokens on each side.
 THESIS_LOCAL = "local(65)"
+# The no-downsampling models (4x longer encoder sequences) keep the loop-based memory options
+# on every backend: the thesis lost batches to out-of-memory on an 11 GB GPU, and with them a
+# 20 000-frame batch compiles to 3.3-3.7 GiB on an H100 in bf16 (11-21 GiB without).
+NODOWN_MEMORY_OPTIONS = {"key_block_size": 512, "ffn_token_chunk": 1024}
 
 
 def get_config(arg=None):
@@ -39,12 +43,13 @@ def get_config(arg=None):
   m.kernel_redraw = "fixed"    # kernel heads: 'fixed' (from kernel_seed) or 'step' (each step)
   m.kernel_seed = 0
   m.local_block_size = 0       # local heads: query block size, 0 = automatic
-  m.key_block_size = 512       # full/conv heads: exact softmax over blocks of this many keys,
+  m.key_block_size = -1        # full/conv heads: exact softmax over blocks of this many keys,
                                # recomputed in the backward (O(n x block) memory); 0 = one
-                               # dense softmax (docs/benchmarks.md: blockwise is faster on CPU)
-  m.ffn_token_chunk = 1024     # encoder FFN: computed this many tokens at a time, the hidden
-                               # layer recomputed in the backward (less memory, and faster on
-                               # CPU: docs/benchmarks.md); 0 = one unchunked FFN
+                               # dense softmax; -1 = by backend: 512 on CPU (faster there too),
+                               # 0 on GPU/TPU (faster there: docs/benchmarks.md)
+  m.ffn_token_chunk = -1       # encoder FFN: computed this many tokens at a time, the hidden
+                               # layer recomputed in the backward (less memory); 0 = one
+                               # unchunked FFN; -1 = by backend: 1024 on CPU, 0 on GPU/TPU
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024

@@ -16,4 +16,5 @@ from configs import default
 
 def get_config(arg=None):
   return default.multiformer("s2t_multiformer_s_h_lc (no downsampling)", "12x(2*local(65)+2*conv(5,2))", reported_bleu=21.78, reported_wer=14.0,
-                             arg=arg, conv_strides=(1, 1))
+                             arg=arg, conv_strides=(1, 1),
+                             **default.NODOWN_MEMORY_OPTIONS)

@@ -16,4 +16,5 @@ from configs import default
 
 def get_config(arg=None):
   return default.multiformer("s2t_multiformer_s (no downsampling)", "2x(4*conv(5,2)) 6x(2*local(65)+2*conv(5,2)) 4x(2*full+2*conv(7,3))", reported_bleu=22.15, reported_wer=13.83,
-                             arg=arg, conv_strides=(1, 1))
+                             arg=arg, conv_strides=(1, 1),
+                             **default.NODOWN_MEMORY_OPTIONS)

@@ -15,6 +15,7 @@ def get_config(arg=None):
   config = default.get_config()
   config.name = "s2t_transformer_s (no downsampling)"
   config.model.conv_strides = (1, 1)
+  config.model.update(default.NODOWN_MEMORY_OPTIONS)
   config.reported.bleu = 22.31
   config.reported.wer = 13.76
   config.reported.source = "Sant 2022, Appendix B, MuST-C En-De tst-COMMON"

@@ -33,11 +33,11 @@ class EncoderLayer(nn.Module):
         cfg.d_model, self.layer_layout, cfg.attention_dropout, cfg.kernel_redraw,
         cfg.kernel_seed * 7919 + self.layer_index, cfg.local_block_size, cfg.qkv_bias,
         cfg.compute_dtype, cfg.encoder_heads if cfg.encoder_candidates else 0,
-        cfg.key_block_size, name="self_attn")
+        cfg.resolved_key_block_size, name="self_attn")
     self.dropout = nn.Dropout(cfg.dropout)
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,
-                           cfg.compute_dtype, cfg.ffn_token_chunk, name="ffn")
+                           cfg.compute_dtype, cfg.resolved_ffn_token_chunk, name="ffn")
 
   def __call__(self, x, mask, deterministic: bool = True, selection=None):
     h = self.self_attn(self.self_attn_layer_norm(x), mask, deterministic, selection)

@@ -11,6 +11,7 @@ import dataclasses
 import functools
 from typing import Any, Mapping
 
+import jax
 import jax.numpy as jnp
 
 from multiformer_jax import layout as layout_lib
@@ -19,6 +20,13 @@ from multiformer_jax.head_selection import INFERENCE_MODES, STRATEGIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TASK_TAGS = ("", "source_lang", "target_lang", "domain", "pair")
+# model.key_block_size / model.ffn_token_chunk = AUTO: the loop-based memory options on CPU,
+# where they are also faster (docs/benchmarks.md), the dense forms on GPU/TPU, where a loop of
+# small matmuls is slower (an H100 step of s2t_transformer_s took 0.0378 s with them against
+# 0.0218 s without: docs/benchmarks.md, GPU section).
+AUTO = -1
+CPU_KEY_BLOCK_SIZE = 512
+CPU_FFN_TOKEN_CHUNK = 1024
 
 
 class ConfigError(ValueError):
@@ -45,8 +53,8 @@ class ModelConfig:
   kernel_redraw: str = "fixed"
   kernel_seed: int = 0
   local_block_size: int = 0
-  key_block_size: int = 512
-  ffn_token_chunk: int = 1024
+  key_block_size: int = AUTO
+  ffn_token_chunk: int = AUTO
   qkv_bias: bool = True
   dtype: str = "float32"
   max_target_positions: int = 1024
@@ -105,10 +113,13 @@ class ModelConfig:
                         f"{INFERENCE_MODES}")
     if self.selection_temperature <= 0:
       raise ConfigError(f"model.selection_temperature={self.selection_temperature} must be > 0")
-    for name, zero in (("local_block_size", "automatic"), ("key_block_size", "dense softmax"),
-                       ("ffn_token_chunk", "unchunked")):
-      if getattr(self, name) < 0:
-        raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 0 (0 = {zero})")
+    if self.local_block_size < 0:
+      raise ConfigError(f"model.local_block_size={self.local_block_size} must be >= 0 "
+                        f"(0 = automatic)")
+    for name, zero in (("key_block_size", "dense softmax"), ("ffn_token_chunk", "unchunked")):
+      if getattr(self, name) < AUTO:
+        raise ConfigError(f"model.{name}={getattr(self, name)} must be >= 0 (0 = {zero}) or "
+                          f"{AUTO} (automatic: by backend)")
     if self.adapter_dim < 0:
       raise ConfigError(f"model.adapter_dim={self.adapter_dim} must be >= 0 (0 = no adapters)")
     for side, heads in (("encoder", self.encoder_heads), ("decoder", self.decoder_heads)):
@@ -121,6 +132,16 @@ class ModelConfig:
     if self.encoder_candidates and self.d_model % self.encoder_heads:
       raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
                         f"model.encoder_heads={self.encoder_heads}")
+
+  @property
+  def resolved_key_block_size(self) -> int:
+    """key_block_size with AUTO resolved for the default backend (0 = dense softmax)."""
+    return _resolve(self.key_block_size, CPU_KEY_BLOCK_SIZE)
+
+  @property
+  def resolved_ffn_token_chunk(self) -> int:
+    """ffn_token_chunk with AUTO resolved for the default backend (0 = unchunked)."""
+    return _resolve(self.ffn_token_chunk, CPU_FFN_TOKEN_CHUNK)
 
   @functools.cached_property
   def layout(self) -> layout_lib.Layout:
@@ -170,3 +191,9 @@ class ModelConfig:
 
   def to_dict(self) -> dict[str, Any]:
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def _resolve(value: int, cpu_value: int) -> int:
+  if value != AUTO:
+    return value
+  return cpu_value if jax.default_backend() == "cpu" else 0

@@ -10,10 +10,11 @@ from multiformer_jax import ModelConfig
 from multiformer_jax.attention import softmax_attention
 from multiformer_jax.attention.blockwise import blockwise_attention, dropout_keep_mask
 from multiformer_jax.attention.masks import lengths_to_mask
+from multiformer_jax.encoder import EncoderLayer
 from multiformer_jax.feedforward import FeedForward
 from multiformer_jax.model_config import ConfigError
 from tests.test_attention import mhma, np_attention, qkv
-from tests.test_model import jitted_apply, tiny_model
+from tests.test_model import TINY, jitted_apply, tiny_model
 
 LENGTHS = [45, 20, 1]
 
@@ -126,10 +127,28 @@ def test_blockwise_memory_is_linear_in_keys():
   assert temp_bytes(4096, blocked) < 0.1 * temp_bytes(4096, dense)
 
 
-@pytest.mark.parametrize("key, value", [("key_block_size", -2), ("ffn_token_chunk", -1)])
+@pytest.mark.parametrize("key, value", [("key_block_size", -2), ("ffn_token_chunk", -3),
+                                        ("local_block_size", -1)])
 def test_negative_block_sizes_are_rejected(key, value):
   with pytest.raises(ConfigError, match=f"model.{key}={value}"):
     ModelConfig(**{key: value})
+
+
+@pytest.mark.parametrize("backend, expected", [("cpu", (512, 1024)), ("gpu", (0, 0)),
+                                               ("tpu", (0, 0))])
+def test_automatic_memory_options_follow_the_backend(monkeypatch, backend, expected):
+  monkeypatch.setattr(jax, "default_backend", lambda: backend)
+  auto = ModelConfig()                                  # the defaults are AUTO (-1)
+  assert (auto.resolved_key_block_size, auto.resolved_ffn_token_chunk) == expected
+  explicit = ModelConfig(key_block_size=64, ffn_token_chunk=0)
+  assert (explicit.resolved_key_block_size, explicit.resolved_ffn_token_chunk) == (64, 0)
+
+
+def test_encoder_layers_are_built_with_the_resolved_memory_options(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  cfg = ModelConfig(**{**TINY, "ffn_token_chunk": 7})   # key_block_size stays AUTO
+  layer = EncoderLayer(cfg, cfg.layout[0]).bind({})     # setup runs on attribute access
+  assert (layer.self_attn.key_block_size, layer.ffn.token_chunk) == (0, 7)
 
 
 def test_chunked_feedforward_equals_dense_with_same_parameters():
