@@ -312,8 +312,10 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
     log.info("ST encoder from the ASR stage: %s", which)
     state = state.replace(params=carry_encoder(state.params, asr_params, log))
-  log.info("%s: %d parameters", stage, sum(x.size for x in jax.tree_util.tree_leaves(
-      state.params)))
+  log.info("%s: %d parameters; encoder key block %d, FFN token chunk %d (0 = dense; "
+           "model.key_block_size / ffn_token_chunk, -1 = by backend)", stage,
+           sum(x.size for x in jax.tree_util.tree_leaves(state.params)),
+           model.config.resolved_key_block_size, model.config.resolved_ffn_token_chunk)
 
   train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing,
                                      config.train)
