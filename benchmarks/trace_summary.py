@@ -21,7 +21,7 @@ import sys
 def find_trace(path: str) -> str:
   if os.path.isfile(path):
     return path
-  found = sorted(glob.glob(os.path.join(path, "**", "perfetto_trace.json.gz"), recursive=True))
+  found = glob.glob(os.path.join(path, "**", "perfetto_trace.json.gz"), recursive=True)
   if not found:
     raise SystemExit(f"no perfetto_trace.json.gz under {path!r}: run train_step.py with "
                      f"--trace_dir {path} first")

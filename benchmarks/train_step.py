@@ -79,8 +79,7 @@ def model_flops(config, model, batch, stats: dict) -> float:
   always loop, are compiled as one chunk (their backward's recomputed q k^T is counted).
   `stats`: the executable_stats of `config`'s own step, reused when it loops nowhere."""
   has_local = "local" in config.model.encoder_layout
-  if not (model.config.resolved_key_block_size or model.config.resolved_ffn_token_chunk
-          or has_local):
+  if not (any(memory_options(model).values()) or has_local):
     return stats["flops"]
   dense = copy.deepcopy(config)
   dense.model.key_block_size, dense.model.ffn_token_chunk = 0, 0
