@@ -78,4 +78,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  from multiformer_jax import host_memory  # re-executes with huge pages where that helps
+  host_memory.use_huge_pages()
   app.run(main)

@@ -31,6 +31,7 @@ from multiformer_jax.attention.conv import ConvAttention  # noqa: E402
 from multiformer_jax.attention.full import softmax_attention  # noqa: E402
 from multiformer_jax.attention.kernel import favor_attention, orthogonal_gaussian_features  # noqa: E402,E501
 from multiformer_jax.attention.local import local_attention  # noqa: E402
+from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
 
 LOCAL_WINDOWS = (5, 17, 33, 65, 129)
 KEY_BLOCK = 512   # the blockwise rows (model.key_block_size)
@@ -115,4 +116,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_huge_pages()
   main()

@@ -27,6 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Results, machine, time_call  # noqa: E402
 from multiformer_jax import build_model, decode, init_params  # noqa: E402
 from multiformer_jax.evaluate import make_translate  # noqa: E402
+from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
 
 
 def make_recompute_translate(model, beam: int, tokens: int):
@@ -93,4 +94,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_huge_pages()
   main()

@@ -76,6 +76,7 @@ def main():
          "torch": torch.__version__, "threads": torch.get_num_threads(),
          "parameters": sum(p.numel() for p in model.parameters()),
          "date": time.strftime("%Y-%m-%d"), "peak": args.matmul_peak,
+         "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
          "command": " ".join(sys.argv)}
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as f:

@@ -77,7 +77,9 @@ def main(argv=None):
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out, "w", encoding="utf-8") as f:
     f.write(json.dumps({"meta": {"command": " ".join(sys.argv), "batch": args.batch,
-                                 "heads": args.heads, "head_dim": args.head_dim}}) + "\n")
+                                 "heads": args.heads, "head_dim": args.head_dim,
+                                 "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}})
+            + "\n")
   for n in map(int, args.lengths.split(",")):
     for kind in ("lucidrains_local(129)", "performer(256)"):
       sizes = (n, args.batch, args.heads, args.head_dim, args.repeats)

@@ -34,6 +34,7 @@ from benchmarks.common import (Results, executable_stats, local_heads_in_one_chu
                                machine, matmul_peak)
 from multiformer_jax import build_model, train  # noqa: E402
 from multiformer_jax.parallel import DataParallel  # noqa: E402
+from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
 
 
 def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int):
@@ -171,4 +172,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_huge_pages()
   main()

@@ -36,6 +36,7 @@ from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib
 from multiformer_jax.analysis import internals, plots
 from multiformer_jax.analysis import selection as selection_lib
+from multiformer_jax.host_memory import use_huge_pages
 
 DEFAULT_FULL_CL_THRESHOLD = 0.25
 
@@ -419,4 +420,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_huge_pages()
   main()

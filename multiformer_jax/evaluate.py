@@ -22,6 +22,7 @@ import numpy as np
 
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import decode, input_pipeline as ip
+from multiformer_jax.host_memory import use_huge_pages
 from multiformer_jax.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache
 from multiformer_jax.train import model_config_for, pipeline_config, training_tags
@@ -186,4 +187,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+  use_huge_pages()
   main()
