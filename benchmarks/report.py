@@ -60,6 +60,16 @@ def _options(row) -> str:
   return (f"key block {block or 'dense'}, FFN chunk {chunk or 'off'}")
 
 
+def _allocator(record) -> str:
+  """How a run's process allocated host memory (benchmarks/common.machine records it; rows
+  written before it did ran with glibc's defaults)."""
+  tunables = (record or {}).get("glibc_tunables", "")
+  return f"GLIBC_TUNABLES={tunables}" if tunables else "glibc's default malloc"
+
+
+HUGE_PAGES = " [huge pages]"   # PyTorch rows of a run with GLIBC_TUNABLES=glibc.malloc.hugetlb=1
+
+
 def _verdict(ok):
   return "met" if ok else "**not met**"
 
@@ -76,7 +86,9 @@ def attention_section(directory, plot_dir):
   meta, rows = _load(directory, "attention.jsonl")
   if not rows:
     return "", []
-  _, torch_rows = _load(directory, "torch_attention.jsonl")
+  torch_meta_row, torch_rows = _load(directory, "torch_attention.jsonl")
+  _, huge_rows = _load(directory, "torch_attention_hugepages.jsonl")
+  torch_rows = torch_rows + [{**r, "kind": r["kind"] + HUGE_PAGES} for r in huge_rows]
   measured = [r for r in rows if "seconds" in r]
   kinds = list(dict.fromkeys(r["kind"] for r in rows))
   lengths = sorted({r["n"] for r in rows})
@@ -139,19 +151,30 @@ def attention_section(directory, plot_dir):
                     f"{memory:.2f} ({local['temp_bytes'] / MIB:.0f} MiB XLA temporaries vs "
                     f"{lucid['peak_growth_bytes'] / MIB:.0f} MiB RSS growth)",
                     _verdict(memory <= 0.5)])
-  kernel, performer = get.get(("kernel(256)", 4096)), tget.get(("performer(256)", 4096))
-  if kernel and performer:
-    speed = performer["seconds"] / kernel["seconds"]
-    targets.append(["kernel(256) vs performer-pytorch, n=4096: >= 3x faster",
-                    f"{speed:.2f}x ({kernel['seconds']:.3f} vs {performer['seconds']:.3f} s)",
-                    _verdict(speed >= 3)])
+  lucid = tget.get(("lucidrains_local(129)" + HUGE_PAGES, 4096))
+  if local and lucid:
+    speed = lucid["seconds"] / local["seconds"]
+    targets.append(["the same, lucidrains also on huge pages",
+                    f"{speed:.2f}x ({local['seconds']:.3f} vs {lucid['seconds']:.3f} s)",
+                    _verdict(speed >= 1.5)])
+  kernel = get.get(("kernel(256)", 4096))
+  for suffix, label in (("", "kernel(256) vs performer-pytorch, n=4096: >= 3x faster"),
+                        (HUGE_PAGES, "the same, performer-pytorch also on huge pages")):
+    performer = tget.get(("performer(256)" + suffix, 4096))
+    if kernel and performer:
+      speed = performer["seconds"] / kernel["seconds"]
+      targets.append([label, f"{speed:.2f}x ({kernel['seconds']:.3f} vs "
+                             f"{performer['seconds']:.3f} s)", _verdict(speed >= 3)])
   torch_meta = ""
   if torch_rows:
     torch_meta = (f" PyTorch references: torch {torch_rows[0].get('torch')}, "
-                  f"{torch_rows[0].get('threads')} threads, in a separate environment.")
+                  f"{torch_rows[0].get('threads')} threads, in a separate environment, "
+                  f"{_allocator(torch_meta_row)}"
+                  + (f"; rows marked{HUGE_PAGES} again with GLIBC_TUNABLES="
+                     "glibc.malloc.hugetlb=1" if huge_rows else "") + ".")
   text = f"""## Attention kinds
 
-Machine: {_machine(meta)}.{torch_meta}
+Machine: {_machine(meta)}; JAX with {_allocator(meta)}.{torch_meta}
 Command: `{_cmd(meta['command'])}`; PyTorch: `python benchmarks/torch_attention.py` (in an
 environment with torch, local-attention 1.11.2 and performer-pytorch 1.1.4).
 fwd+bwd of sum(attention(q, k, v)), batch {meta['batch']}, {meta['heads']} heads x
@@ -238,6 +261,7 @@ def train_section(directory):
   if not rows:
     return "", []
   _, fairseq_rows = _load(directory, "fairseq_train_step.jsonl")
+  _, fairseq_huge = _load(directory, "fairseq_train_step_hugepages.jsonl")
   timed = [r for r in rows if "frames_per_s" in r]
   memory = [r for r in rows if "total_bytes" in r]
   peak = meta["matmul_peak_flops"]
@@ -250,22 +274,24 @@ def train_section(directory):
   fairseq_text = ""
   targets = []
   ours = next((r for r in timed if r["config"] == "s2t_transformer_s"), None)
-  if fairseq_rows:
-    fs = fairseq_rows[0]
-    fairseq_text = (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads), same "
-                    f"batch: {fs['seconds']} s/step, {fs['frames_per_s']} frames/s, measured "
-                    f"{fs.get('date', 'earlier')}"
-                    + (" right after the run above" if fs.get("peak") == peak else
-                       ", in another run than the one above")
-                    + f". Command: `/tmp/fsenv/bin/{_cmd(fs['command'])}` (a torch + fairseq "
-                    "environment; how to build it: docs/benchmarks_notes.md).\n")
+  fairseq_runs = [(runs[0], label) for runs, label in (
+      (fairseq_rows, ""), (fairseq_huge, " (fairseq also on huge pages)")) if runs]
+  for fs, label in fairseq_runs:
+    fairseq_text += (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads, "
+                     f"{_allocator(fs)}), same "
+                     f"batch: {fs['seconds']} s/step, {fs['frames_per_s']} frames/s, measured "
+                     f"{fs.get('date', 'earlier')}"
+                     + (" right after the run above" if fs.get("peak") == peak else
+                        ", in another run than the one above")
+                     + f". Command: `/tmp/fsenv/bin/{_cmd(fs['command'])}` (a torch + fairseq "
+                     "environment; how to build it: docs/benchmarks_notes.md).\n")
     if ours:
       ratio = ours["frames_per_s"] / fs["frames_per_s"]
       same_run = fs.get("date") == meta.get("date") and fs.get("peak") == peak
       if same_run:
         fairseq_text += (f"fairseq's utilisation with the same FLOP count: "
                          f"{100 * ours['flops'] / fs['seconds'] / peak:.1f}%.\n")
-      targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq, same machine",
+      targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq, same machine" + label,
                       f"{ratio:.2f}x", _verdict(ratio >= 1.2) if same_run else
                       "**not verified**: fairseq was measured in another run, on a machine "
                       "with another matmul peak"])
