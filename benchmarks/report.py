@@ -233,6 +233,27 @@ XLA compiled temporaries (MiB):
   return text, []
 
 
+def page_fault_section(directory):
+  path = os.path.join(directory, "page_faults.jsonl")
+  if not os.path.exists(path):
+    return "", []
+  with open(path, encoding="utf-8") as f:
+    lines = [json.loads(l) for l in f if l.strip()]
+  meta, rows = lines[0]["meta"], lines[1:]
+  table = _table(["malloc", "operation", "ms per call", "page faults per call"],
+                 [[r["setting"], r["op"], r["ms"], r["faults_per_call"]] for r in rows])
+  text = f"""## Huge pages: page faults of XLA:CPU buffers
+
+Command: `{_cmd(meta['command'])}` ({meta['cpu_count']} cores). One call on a
+{meta['mib']} MiB float32 array, median of {meta['repeats']}; "glibc defaults" is a process
+with MULTIFORMER_HUGE_PAGES=0, the other what the entry points set up
+(`multiformer_jax/host_memory.py`).
+
+{table}
+"""
+  return text, []
+
+
 def decode_section(directory):
   meta, rows = _load(directory, "decode.jsonl")
   if not rows:
@@ -266,10 +287,12 @@ def train_section(directory):
   memory = [r for r in rows if "total_bytes" in r]
   peak = meta["matmul_peak_flops"]
   table = _table(["config", "encoder layout", "options", "s/step", "frames/s", "GFLOP/step",
-                  "utilisation", "compile s"],
+                  "utilisation", "compile s", "host page faults / kernel CPU s per step"],
                  [[r["config"], f"`{r['layout']}`", _options(r), r["seconds"],
                    r["frames_per_s"],
-                   f"{r['flops'] / 1e9:.0f}", f"{100 * r['utilisation']:.1f}%", r["compile_s"]]
+                   f"{r['flops'] / 1e9:.0f}", f"{100 * r['utilisation']:.1f}%", r["compile_s"],
+                   f"{r['page_faults_per_step']} / {r['kernel_cpu_s_per_step']}"
+                   if "page_faults_per_step" in r else "—"]
                   for r in timed])
   fairseq_text = ""
   targets = []
@@ -308,8 +331,8 @@ def train_section(directory):
                       f"{r['total_gib']} GiB", _verdict(r["total_gib"] <= 11)])
   text = f"""## Training step
 
-Machine: {_machine(meta)}; measured fp32 matmul peak {peak / 1e9:.1f} GFLOP/s (2048^2
-matmul, same script). Command: `{_cmd(meta['command'])}`.
+Machine: {_machine(meta)}; JAX with {_allocator(meta)}; measured fp32 matmul peak
+{peak / 1e9:.1f} GFLOP/s (2048^2 matmul, same script). Command: `{_cmd(meta['command'])}`.
 Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens, vocabulary
 8000, dropout as configured, one full update (fwd + bwd + clip + Adam);
 utilisation = XLA FLOPs of the step / step time / measured peak, where the FLOPs are the
@@ -335,7 +358,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   sections, targets = [], []
   for text, rows in (attention_section(args.dir, args.dir), blockwise_section(args.dir),
-                     train_section(args.dir), decode_section(args.dir)):
+                     train_section(args.dir), decode_section(args.dir),
+                     page_fault_section(args.dir)):
     if text:
       sections.append(text)
       targets += rows

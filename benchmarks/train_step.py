@@ -22,6 +22,7 @@ import argparse
 import copy
 import importlib
 import os
+import resource
 import sys
 import time
 
@@ -140,11 +141,14 @@ def main(argv=None):
       for _ in range(2):
         state, metrics = update(state, batch)
       jax.block_until_ready(metrics)
-      t0 = time.perf_counter()
+      usage, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
       for _ in range(args.steps):
         state, metrics = update(state, batch)
       jax.block_until_ready(metrics)
       seconds = (time.perf_counter() - t0) / args.steps
+      after = resource.getrusage(resource.RUSAGE_SELF)   # host page faults: host_memory.py
+      faults = (after.ru_minflt - usage.ru_minflt) / args.steps
+      kernel_s = (after.ru_stime - usage.ru_stime) / args.steps
       if args.trace_dir:  # after the timing, so that tracing does not slow the timed steps
         with jax.profiler.trace(os.path.join(args.trace_dir, name.replace("@", "_")),
                                 create_perfetto_trace=True):
@@ -156,6 +160,7 @@ def main(argv=None):
                   **memory_options(model), seconds=round(seconds, 4),
                   frames_per_s=round(frames / seconds, 1), flops=flops,
                   utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
+                  page_faults_per_step=round(faults), kernel_cpu_s_per_step=round(kernel_s, 3),
                   loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
   for name in filter(None, args.memory_configs.split(",")):
     config = load_config(name, args.dtype)
