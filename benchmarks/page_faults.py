@@ -3,7 +3,8 @@
     python benchmarks/page_faults.py --out docs/benchmarks/page_faults.jsonl [--mib 128]
 
 Runs the same child twice, with MULTIFORMER_HUGE_PAGES=0 (glibc's defaults) and with
-GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what the entry points set up, multiformer_jax/host_memory.py).
+GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what the entry points set up,
+multiformer_jax/host_memory.py).
 The child times jit(-x) and jit(exp(x)) on a `--mib` MiB float32 array, and a numpy multiply of
 the same array into a preallocated output for the memory bandwidth, reporting the median
 milliseconds of `--repeats` calls and the minor page faults per call (getrusage).
@@ -16,6 +17,9 @@ import json
 import os
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import Results, machine  # noqa: E402
 
 CHILD = r"""
 import json, resource, statistics, sys, time
@@ -53,18 +57,14 @@ def main(argv=None):
   base = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
   settings = {"glibc defaults": {**base, "MULTIFORMER_HUGE_PAGES": "0"},
               "glibc.malloc.hugetlb=1": {**base, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}}
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out, "w", encoding="utf-8") as f:
-    f.write(json.dumps({"meta": {"command": " ".join(sys.argv), "mib": args.mib,
-                                 "repeats": args.repeats, "cpu_count": os.cpu_count()}}) + "\n")
-    for setting, environ in settings.items():
-      result = subprocess.run([sys.executable, "-c", CHILD, str(args.mib * 2 ** 20),
-                               str(args.repeats)], env=environ, capture_output=True, text=True,
-                              check=True)
-      for name, row in json.loads(result.stdout.strip().splitlines()[-1]).items():
-        line = {"setting": setting, "op": name, **row}
-        print(json.dumps(line), flush=True)
-        f.write(json.dumps(line) + "\n")
+  results = Results(args.out, {**machine(), "command": " ".join(sys.argv), "mib": args.mib,
+                               "repeats": args.repeats})
+  for setting, environ in settings.items():
+    result = subprocess.run([sys.executable, "-c", CHILD, str(args.mib * 2 ** 20),
+                             str(args.repeats)], env=environ, capture_output=True, text=True,
+                            check=True)
+    for name, row in json.loads(result.stdout.strip().splitlines()[-1]).items():
+      results.add(setting=setting, op=name, **row)
 
 
 if __name__ == "__main__":

@@ -140,23 +140,19 @@ def attention_section(directory, plot_dir):
       growth = b["temp_bytes"] / a["temp_bytes"]
       targets.append([f"{kind} temporaries n=1024 -> 8192: <= 9x", f"{growth:.2f}x",
                       _verdict(growth <= 9)])
-  lucid = tget.get(("lucidrains_local(129)", 4096))
-  if local and lucid:
-    speed = lucid["seconds"] / local["seconds"]
-    memory = local["temp_bytes"] / lucid["peak_growth_bytes"]
-    targets.append(["local(129) vs lucidrains local-attention, n=4096: >= 1.5x faster",
-                    f"{speed:.2f}x ({local['seconds']:.3f} vs {lucid['seconds']:.3f} s)",
-                    _verdict(speed >= 1.5)])
-    targets.append(["local(129) vs lucidrains, n=4096: <= 1/2 of its memory",
-                    f"{memory:.2f} ({local['temp_bytes'] / MIB:.0f} MiB XLA temporaries vs "
-                    f"{lucid['peak_growth_bytes'] / MIB:.0f} MiB RSS growth)",
-                    _verdict(memory <= 0.5)])
-  lucid = tget.get(("lucidrains_local(129)" + HUGE_PAGES, 4096))
-  if local and lucid:
-    speed = lucid["seconds"] / local["seconds"]
-    targets.append(["the same, lucidrains also on huge pages",
-                    f"{speed:.2f}x ({local['seconds']:.3f} vs {lucid['seconds']:.3f} s)",
-                    _verdict(speed >= 1.5)])
+  for suffix, label in (("", "local(129) vs lucidrains local-attention, n=4096: >= 1.5x faster"),
+                        (HUGE_PAGES, "the same, lucidrains also on huge pages")):
+    lucid = tget.get(("lucidrains_local(129)" + suffix, 4096))
+    if local and lucid:
+      speed = lucid["seconds"] / local["seconds"]
+      targets.append([label, f"{speed:.2f}x ({local['seconds']:.3f} vs "
+                             f"{lucid['seconds']:.3f} s)", _verdict(speed >= 1.5)])
+      if not suffix:
+        memory = local["temp_bytes"] / lucid["peak_growth_bytes"]
+        targets.append(["local(129) vs lucidrains, n=4096: <= 1/2 of its memory",
+                        f"{memory:.2f} ({local['temp_bytes'] / MIB:.0f} MiB XLA temporaries "
+                        f"vs {lucid['peak_growth_bytes'] / MIB:.0f} MiB RSS growth)",
+                        _verdict(memory <= 0.5)])
   kernel = get.get(("kernel(256)", 4096))
   for suffix, label in (("", "kernel(256) vs performer-pytorch, n=4096: >= 3x faster"),
                         (HUGE_PAGES, "the same, performer-pytorch also on huge pages")):
@@ -234,12 +230,9 @@ XLA compiled temporaries (MiB):
 
 
 def page_fault_section(directory):
-  path = os.path.join(directory, "page_faults.jsonl")
-  if not os.path.exists(path):
+  meta, rows = _load(directory, "page_faults.jsonl")
+  if not rows:
     return "", []
-  with open(path, encoding="utf-8") as f:
-    lines = [json.loads(l) for l in f if l.strip()]
-  meta, rows = lines[0]["meta"], lines[1:]
   table = _table(["malloc", "operation", "ms per call", "page faults per call"],
                  [[r["setting"], r["op"], r["ms"], r["faults_per_call"]] for r in rows])
   text = f"""## Huge pages: page faults of XLA:CPU buffers
