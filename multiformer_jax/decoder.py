@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from multiformer_jax.attention.full import softmax_attention
 from multiformer_jax.attention.masks import causal_mask
+from multiformer_jax.dropout import Dropout
 from multiformer_jax.feedforward import FeedForward, layer_norm
 from multiformer_jax.head_selection import (adapt, gather_heads, layer_selections,
                                             stack_task_modules)
@@ -47,7 +48,7 @@ class DecoderAttention(nn.Module):
     self.k_proj = projection("k_proj", xavier_uniform_qkv, bias)
     self.v_proj = projection("v_proj", xavier_uniform_qkv, bias)
     self.out_proj = projection("out_proj", xavier_uniform, nn.initializers.zeros, self.d_model)
-    self.dropout = nn.Dropout(self.attention_dropout)
+    self.dropout = Dropout(self.attention_dropout)
 
   def _split(self, x):
     heads = self.num_candidates or self.num_heads
@@ -93,7 +94,7 @@ class DecoderLayer(nn.Module):
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,
                            cfg.compute_dtype, name="ffn")
-    self.dropout = nn.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
 
   def __call__(self, x, self_kv, self_mask, cross_kv, cross_mask, deterministic=True,
                selection=None):
@@ -121,7 +122,7 @@ class Decoder(nn.Module):
     self.embed_tokens = nn.Embed(cfg.vocab_size, cfg.d_model,
                                  embedding_init=embedding_normal(cfg.d_model, cfg.pad_id),
                                  name="embed_tokens")
-    self.dropout = nn.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
     self.layers = [DecoderLayer(cfg, name=f"layers_{i}") for i in range(cfg.decoder_layers)]
     self.layer_norm = layer_norm("layer_norm")
     self.output_projection = nn.Dense(

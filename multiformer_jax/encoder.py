@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.masks import lengths_to_mask
 from multiformer_jax.attention.multi import MultiHeadMultiAttention
+from multiformer_jax.dropout import Dropout
 from multiformer_jax.feedforward import FeedForward, layer_norm
 from multiformer_jax.head_selection import adapt, layer_selections, stack_task_modules
 from multiformer_jax.model_config import ModelConfig
@@ -34,7 +35,7 @@ class EncoderLayer(nn.Module):
         cfg.kernel_seed * 7919 + self.layer_index, cfg.local_block_size, cfg.qkv_bias,
         cfg.compute_dtype, cfg.encoder_heads if cfg.encoder_candidates else 0,
         cfg.resolved_key_block_size, name="self_attn")
-    self.dropout = nn.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,
                            cfg.compute_dtype, cfg.resolved_ffn_token_chunk, name="ffn")
@@ -54,7 +55,7 @@ class Encoder(nn.Module):
     cfg = self.config
     self.subsample = Conv1dSubsampler(cfg.conv_channels, cfg.d_model, cfg.conv_kernels,
                                       cfg.conv_strides, cfg.compute_dtype, name="subsample")
-    self.dropout = nn.Dropout(cfg.dropout)
+    self.dropout = Dropout(cfg.dropout)
     self.layers = [EncoderLayer(cfg, layer, i, name=f"layers_{i}")
                    for i, layer in enumerate(cfg.layout)]
     self.layer_norm = layer_norm("layer_norm")

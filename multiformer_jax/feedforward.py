@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from multiformer_jax.dropout import Dropout, dropout
 from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
 
 
@@ -21,14 +22,8 @@ class DenseParams(nn.Module):
     return kernel, bias
 
 
-def _dropout(x, rate: float, rng):
-  if rate == 0.0:
-    return x
-  return jnp.where(jax.random.bernoulli(rng, 1.0 - rate, x.shape), x / (1.0 - rate), 0.0)
-
-
 def chunked_feedforward(x, fc1, fc2, token_chunk: int, activation_dropout: float,
-                        dropout: float, rng, dtype):
+                        output_dropout: float, rng, dtype):
   """fc1 -> relu -> dropout -> fc2 -> dropout over chunks of `token_chunk` tokens.
 
   x: [batch, time, d_model] -> [batch, time, d_model]. A `lax.scan` over the chunks with a
@@ -49,8 +44,8 @@ def chunked_feedforward(x, fc1, fc2, token_chunk: int, activation_dropout: float
   def chunk_output(index, chunk):
     key = jax.random.fold_in(rng, index)
     h = jax.nn.relu(chunk.astype(dtype) @ w1 + b1)             # [token_chunk, ffn_dim]
-    h = _dropout(h, activation_dropout, jax.random.fold_in(key, 0))
-    return _dropout(h @ w2 + b2, dropout, jax.random.fold_in(key, 1))
+    h = dropout(h, activation_dropout, jax.random.fold_in(key, 0))
+    return dropout(h @ w2 + b2, output_dropout, jax.random.fold_in(key, 1))
 
   _, out = lax.scan(lambda carry, xs: (carry, chunk_output(*xs)), None,
                     (jnp.arange(num_chunks), chunks))
@@ -83,10 +78,10 @@ class FeedForward(nn.Module):
                                  0.0 if deterministic else self.dropout, rng, self.dtype)
     h = nn.Dense(self.ffn_dim, kernel_init=torch_default_kernel,
                  bias_init=torch_default_bias(self.d_model), dtype=self.dtype, name="fc1")(x)
-    h = nn.Dropout(self.activation_dropout)(nn.relu(h), deterministic=deterministic)
+    h = Dropout(self.activation_dropout)(nn.relu(h), deterministic=deterministic)
     h = nn.Dense(self.d_model, kernel_init=torch_default_kernel,
                  bias_init=torch_default_bias(self.ffn_dim), dtype=self.dtype, name="fc2")(h)
-    return nn.Dropout(self.dropout)(h, deterministic=deterministic)
+    return Dropout(self.dropout)(h, deterministic=deterministic)
 
 
 def layer_norm(name: str) -> nn.LayerNorm:

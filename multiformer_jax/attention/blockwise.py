@@ -13,7 +13,7 @@ forward (it does that to `jax.checkpoint` on the CPU, which then saves nothing).
 
 Attention dropout is applied to the normalised weights, block by block, with the block's mask
 drawn from `fold_in(rng, block index)`: the backward regenerates the forward's masks exactly.
-The masks differ from the dense path's `nn.Dropout` masks (same distribution, other draws).
+The masks differ from the dense path's `Dropout` masks (same distribution, other draws).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from multiformer_jax.attention.masks import MASKED_LOGIT
+from multiformer_jax.dropout import bernoulli
 
 
 def _blocks(x, num_blocks: int, key_block: int):
@@ -61,7 +62,7 @@ def checked_dropout_rng(what: str, rate: float, rng):
 
 def dropout_keep_mask(rng, block_index, rate: float, shape):
   """The dropout keep-mask [batch, heads, q_len, key_block] of one key block."""
-  return jax.random.bernoulli(jax.random.fold_in(rng, block_index), 1.0 - rate, shape)
+  return bernoulli(jax.random.fold_in(rng, block_index), 1.0 - rate, shape)
 
 
 def _masked_logits(q_scaled, k_block, valid):

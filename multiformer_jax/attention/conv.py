@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 from multiformer_jax.attention.full import attention_weights, key_masked_attention
 from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
+from multiformer_jax.dropout import Dropout
 from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
 
 
@@ -53,7 +54,7 @@ class ConvAttention(nn.Module):
   def setup(self):
     self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type)
     self.conv_v = TimeCompression(self.kernel, self.stride, self.conv_type)
-    self.dropout = nn.Dropout(self.attention_dropout)
+    self.dropout = Dropout(self.attention_dropout)
 
   def compress(self, compression: TimeCompression, x, key_mask):
     """[batch, time, heads, head_dim] -> [batch, compressed, heads, head_dim]."""

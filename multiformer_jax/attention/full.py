@@ -5,6 +5,7 @@ import jax.numpy as jnp
 
 from multiformer_jax.attention.blockwise import blockwise_attention
 from multiformer_jax.attention.masks import masked_softmax
+from multiformer_jax.dropout import Dropout
 
 
 def attention_weights(q, k, mask):
@@ -20,7 +21,7 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
 
   q: [batch, q_len, heads, head_dim]; k, v: [batch, k_len, heads, head_dim];
   mask: bool, broadcastable to [batch, heads, q_len, k_len].
-  dropout: an nn.Dropout applied to the attention weights (fairseq's attention dropout).
+  dropout: an Dropout applied to the attention weights (fairseq's attention dropout).
   Returns ([batch, q_len, heads, head_dim], weights [batch, heads, q_len, k_len]).
   """
   weights = attention_weights(q, k, mask)
@@ -31,7 +32,7 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
 
 
 def key_masked_attention(module: nn.Module, q, k, v, key_mask, key_block_size: int,
-                         dropout: nn.Dropout, deterministic: bool):
+                         dropout: Dropout, deterministic: bool):
   """Softmax attention over the valid keys of key_mask [batch, k_len]: one dense softmax, or
   blockwise over `key_block_size` keys (multiformer_jax/attention/blockwise.py) when > 0, its
   dropout masks drawn from `module`'s dropout rng."""
@@ -51,7 +52,7 @@ class FullAttention(nn.Module):
   @nn.compact
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     return key_masked_attention(self, q, k, v, key_mask, self.key_block_size,
-                                nn.Dropout(self.attention_dropout), deterministic)
+                                Dropout(self.attention_dropout), deterministic)
 
   def token_weights(self, q, k, key_mask):
     """[batch, heads, q_len, k_len]: the weight of each value in each output (no dropout)."""
