@@ -6,9 +6,9 @@
 For each config (vocabulary 8000, dropout as configured): one full update (fwd + bwd + clip
 + Adam, the toolkit's own jitted train step) on a batch of `--batch` utterances of `--frames`
 frames and `--tokens` target tokens: seconds per step, frames/s, XLA's FLOPs of the step (of the
-same model computed without the blockwise softmax and the chunked FFN: model FLOPs, the
-backward's recomputation not counted), and utilisation = FLOPs / step time / the matmul peak
-measured by this script on this machine.
+same model computed without the blockwise softmax, the chunked FFN and dropout: model FLOPs,
+the backward's recomputation and the dropout masks' hash not counted), and utilisation =
+FLOPs / step time / the matmul peak measured by this script on this machine.
 Then the compiled memory (temporaries + arguments + outputs, `memory_analysis`, compile only)
 of a batch of `--memory_batch` x `--memory_frames` frames (20 000 frames by default) for the
 same configs plus their full-attention baselines. A config may carry model-key overrides after
@@ -47,6 +47,9 @@ def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int)
           "weights": np.ones(batch, np.float32)}
 
 
+DROPOUT_RATES = ("dropout", "attention_dropout", "activation_dropout")
+
+
 def load_config(spec: str, dtype: str):
   """'name[@key=value;...]': configs/<name>.py with vocabulary 8000, `dtype` and the model-key
   overrides applied."""
@@ -74,19 +77,20 @@ def abstract(tree):
   return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
-def model_flops(config, model, batch, stats: dict) -> float:
-  """XLA's FLOPs of one update of the model without the loop-based memory options: XLA counts
-  a loop body once, so the blockwise softmax and the chunked FFN would show a fraction of
-  their work. Their recomputation is not counted (model FLOPs, as in MFU); local heads, which
-  always loop, are compiled as one chunk (their backward's recomputed q k^T is counted).
-  `stats`: the executable_stats of `config`'s own step, reused when it loops nowhere."""
-  has_local = "local" in config.model.encoder_layout
-  if not (any(memory_options(model).values()) or has_local):
-    return stats["flops"]
-  dense = copy.deepcopy(config)
-  dense.model.key_block_size, dense.model.ffn_token_chunk = 0, 0
+def model_flops(config, batch) -> float:
+  """XLA's FLOPs of one update of the model without the loop-based memory options and without
+  dropout: XLA counts a loop body once, so the blockwise softmax and the chunked FFN would show
+  a fraction of their work, and it counts the integer operations of the dropout masks' hash
+  (multiformer_jax/dropout.py; ~22 GFLOP of 300 in an s2t_transformer_s update), which are not
+  model arithmetic. The memory options' recomputation is not counted (model FLOPs, as in MFU);
+  local heads, which always loop, are compiled as one chunk (their backward's recomputed
+  q k^T is counted)."""
+  counted = copy.deepcopy(config)
+  counted.model.key_block_size, counted.model.ffn_token_chunk = 0, 0
+  for rate in DROPOUT_RATES:
+    counted.model[rate] = 0.0
   with local_heads_in_one_chunk():
-    _, step, state, _ = setup(dense)
+    _, step, state, _ = setup(counted)
     return step_stats(step, abstract(state), abstract(batch))["flops"]
 
 
@@ -137,7 +141,7 @@ def main(argv=None):
       t0 = time.perf_counter()
       update = step.lower(state, batch, True).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
-      flops = model_flops(config, model, batch, executable_stats(update))
+      flops = model_flops(config, batch)
       for _ in range(2):
         state, metrics = update(state, batch)
       jax.block_until_ready(metrics)
