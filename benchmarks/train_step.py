@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
                                machine, matmul_peak)
 from multiformer_jax import build_model, train  # noqa: E402
+from multiformer_jax.model_config import DROPOUT_RATES  # noqa: E402
 from multiformer_jax.parallel import DataParallel  # noqa: E402
 from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
 
@@ -45,9 +46,6 @@ def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int)
           "prev_tokens": rng.integers(4, vocab, size=(batch, tokens)).astype(np.int32),
           "targets": rng.integers(4, vocab, size=(batch, tokens)).astype(np.int32),
           "weights": np.ones(batch, np.float32)}
-
-
-DROPOUT_RATES = ("dropout", "attention_dropout", "activation_dropout")
 
 
 def load_config(spec: str, dtype: str):

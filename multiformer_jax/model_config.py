@@ -20,6 +20,7 @@ from multiformer_jax.head_selection import INFERENCE_MODES, STRATEGIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TASK_TAGS = ("", "source_lang", "target_lang", "domain", "pair")
+DROPOUT_RATES = ("dropout", "attention_dropout", "activation_dropout")   # each in [0, 1)
 # model.key_block_size / model.ffn_token_chunk = AUTO: the loop-based memory options on CPU,
 # where they are also faster (docs/benchmarks.md), the dense forms on GPU/TPU, where a loop of
 # small matmuls is slower (an H100 step of s2t_transformer_s took 0.0378 s with them against
@@ -89,7 +90,7 @@ class ModelConfig:
     if any(k < 1 for k in self.conv_kernels) or any(s < 1 for s in self.conv_strides):
       raise ConfigError(f"subsampler kernels {self.conv_kernels} and strides "
                         f"{self.conv_strides} must be >= 1")
-    for name in ("dropout", "attention_dropout", "activation_dropout"):
+    for name in DROPOUT_RATES:
       if not 0.0 <= getattr(self, name) < 1.0:
         raise ConfigError(f"model.{name}={getattr(self, name)} must be in [0, 1)")
     if self.d_model % self.decoder_heads:

@@ -21,7 +21,7 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
 
   q: [batch, q_len, heads, head_dim]; k, v: [batch, k_len, heads, head_dim];
   mask: bool, broadcastable to [batch, heads, q_len, k_len].
-  dropout: an Dropout applied to the attention weights (fairseq's attention dropout).
+  dropout: a Dropout module applied to the attention weights (fairseq's attention dropout).
   Returns ([batch, q_len, heads, head_dim], weights [batch, heads, q_len, k_len]).
   """
   weights = attention_weights(q, k, mask)
