@@ -3,12 +3,21 @@ input), prepared once per test session."""
 
 import os
 
-import jax
+# Tests check what the programs compute, not how fast they run. LLVM's optimisation level only
+# changes the machine code XLA:CPU emits for the same optimised HLO (fast-math stays off); at 0
+# compiling takes about half as long, and compiling is most of this suite's time. Subprocesses
+# (run.py, the two-device scripts) inherit it through the environment. Set
+# --xla_backend_optimization_level in XLA_FLAGS yourself to test another level.
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
+import jax  # pylint: disable=wrong-import-position  (after XLA_FLAGS: read when jax starts)
 import numpy as np
 import pytest
 import soundfile
 
-from data_prep import prepare
+from data_prep import prepare  # pylint: disable=wrong-import-position
 from data_prep.audio import SAMPLE_RATE
 
 # Identical programs compiled by several tests (e.g. the runs of the resume test) are read back

@@ -68,6 +68,11 @@ def _run(config_file, workdir, fault=None, extra=(), env_update=None, **popen):
                         timeout=600, check=False)
 
 
+def devices_flag(count):
+  """XLA_FLAGS for `count` CPU devices, keeping the flags the suite runs with (conftest.py)."""
+  return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
+
+
 def _final_state(workdir, step=MAX_UPDATES):
   return ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints")).restore(step)
 
@@ -321,7 +326,7 @@ def test_two_processes_train_together_like_one_process_with_the_same_global_batc
   config_file = _write_config(tmp_path / "tiny_jit.py", prepared_dir, 4, 2, "jit")
   port = _free_port()
   two = str(tmp_path / "two_processes")
-  one_device = {"XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  one_device = {"XLA_FLAGS": devices_flag(1)}
   processes = [_run(config_file, two, extra=[f"--coordinator=127.0.0.1:{port}",
                                              "--num_processes=2", f"--process_id={i}"],
                     env_update=one_device, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -336,8 +341,7 @@ def test_two_processes_train_together_like_one_process_with_the_same_global_batc
   assert checksums[0][0] == checksums[1][0]          # identical parameters in both processes
   # One process with two devices sees the same global batches.
   one = str(tmp_path / "one_process")
-  result = _run(config_file, one, env_update={
-      "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+  result = _run(config_file, one, env_update={"XLA_FLAGS": devices_flag(2)})
   assert result.returncode == 0, result.stderr[-3000:]
   assert "devices: 2 local (cpu), 1 processes; parallel=jit" in result.stderr
   state_two, meta_two = _final_state(two, 4)

@@ -130,7 +130,8 @@ def test_evaluating_without_a_saved_config_says_what_to_do(tmp_path):
 
 PMAP_VS_JIT = textwrap.dedent("""
     import os, sys
-    os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_force_host_platform_device_count=2")
     sys.path.insert(0, os.getcwd())
     import jax, jax.numpy as jnp, numpy as np
     from configs import default
