@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from multiformer_jax.attention.full import softmax_attention
 from multiformer_jax.attention.masks import causal_mask
-from multiformer_jax.dropout import Dropout
+from multiformer_jax.dropout import Dropout, add_residual
 from multiformer_jax.feedforward import FeedForward, layer_norm
 from multiformer_jax.head_selection import (adapt, gather_heads, layer_selections,
                                             stack_task_modules)
@@ -101,11 +101,11 @@ class DecoderLayer(nn.Module):
     """One layer. self_kv: the self-attention keys/values to attend to (the whole prefix)."""
     h = self.self_attn.attend(self.self_attn_layer_norm(x), *self_kv, self_mask, deterministic,
                               selection)
-    x = x + self.dropout(h, deterministic=deterministic)
+    x = add_residual(x, self.dropout(h, deterministic=deterministic))
     h = self.encoder_attn.attend(self.encoder_attn_layer_norm(x), *cross_kv, cross_mask,
                                  deterministic)
-    x = x + self.dropout(h, deterministic=deterministic)
-    return x + self.ffn(self.final_layer_norm(x), deterministic)
+    x = add_residual(x, self.dropout(h, deterministic=deterministic))
+    return add_residual(x, self.ffn(self.final_layer_norm(x), deterministic))
 
   def self_kv(self, x):
     return self.self_attn.project_kv(self.self_attn_layer_norm(x))

@@ -94,6 +94,45 @@ def dropout(x, rate: float, key):
   return lax.select(bernoulli(key, keep, x.shape), x / keep, jnp.zeros_like(x))
 
 
+def add_residual(x, branch):
+  """x + branch on a residual stream; on the CPU its cotangent is materialised once.
+
+  The backward of a pre-LN stack sums the stream's cotangent over the layers in a chain of adds
+  whose terms carry dropout masks (the hash above: cheap elementwise work to XLA). XLA:CPU fuses
+  that whole chain into each consumer that reads the cotangent in another layout (the
+  transposed operand of the out-projection's weight-gradient dot), so layer l recomputes the
+  cotangents and masks of every later layer: O(layers^2) work, 13% of an s2t_transformer_s
+  update on a 2-core CPU. `lax.optimization_barrier` does not stop it (XLA:CPU expands barriers
+  before fusing); a conditional does, its operand and result being buffers. Values and finite
+  gradients are unchanged; see `_materialised_bwd` for the one non-finite difference.
+  """
+  out = x + branch
+  return _materialised_cotangent(out) if jax.default_backend() == "cpu" else out
+
+
+@jax.custom_vjp
+def _materialised_cotangent(x):
+  return x
+
+
+def _materialised_fwd(x):
+  return x, None
+
+
+def _materialised_bwd(_, cotangent):
+  """The cotangent, through a conditional that XLA keeps: an identity branch, and one (taken
+  only when the first element is NaN, i.e. in a non-finite update, which the train step
+  discards) that makes the whole cotangent NaN. A branch that is the identity as well would be
+  folded away with the conditional."""
+  if cotangent.size == 0:
+    return (cotangent,)
+  first = cotangent.reshape(-1)[0]
+  return (lax.cond(jnp.isnan(first), lambda c: c + first, lambda c: c, cotangent),)
+
+
+_materialised_cotangent.defvjp(_materialised_fwd, _materialised_bwd)
+
+
 class Dropout(nn.Module):
   """`flax.linen.Dropout` (without broadcast_dims) with the fusable mask: the same key from
   the `dropout` rng collection, the same mask, the same output."""

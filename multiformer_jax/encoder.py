@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from multiformer_jax import layout as layout_lib
 from multiformer_jax.attention.masks import lengths_to_mask
 from multiformer_jax.attention.multi import MultiHeadMultiAttention
-from multiformer_jax.dropout import Dropout
+from multiformer_jax.dropout import Dropout, add_residual
 from multiformer_jax.feedforward import FeedForward, layer_norm
 from multiformer_jax.head_selection import adapt, layer_selections, stack_task_modules
 from multiformer_jax.model_config import ModelConfig
@@ -42,8 +42,8 @@ class EncoderLayer(nn.Module):
 
   def __call__(self, x, mask, deterministic: bool = True, selection=None):
     h = self.self_attn(self.self_attn_layer_norm(x), mask, deterministic, selection)
-    x = x + self.dropout(h, deterministic=deterministic)
-    return x + self.ffn(self.final_layer_norm(x), deterministic)
+    x = add_residual(x, self.dropout(h, deterministic=deterministic))
+    return add_residual(x, self.ffn(self.final_layer_norm(x), deterministic))
 
 
 class Encoder(nn.Module):

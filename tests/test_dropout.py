@@ -1,5 +1,7 @@
 """The fusable dropout masks draw exactly what jax.random and flax.linen.Dropout draw."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -77,3 +79,32 @@ def test_dropout_scales_kept_values_and_rejects_bad_rates():
   np.testing.assert_array_equal(fusable.dropout(x, 1.0, jax.random.PRNGKey(0)), 0.0)
   with pytest.raises(ValueError, match="dropout rate must be in"):
     fusable.Dropout(1.5).apply({}, x, False, rngs={"dropout": jax.random.PRNGKey(0)})
+
+
+def _stack(add, x, weights, key):
+  """A pre-LN-like residual stack with dropout on each branch."""
+  for i, w in enumerate(weights):
+    branch = fusable.dropout(jnp.tanh(x @ w), 0.1, jax.random.fold_in(key, i))
+    x = add(x, branch)
+  return jnp.sum(x * x)
+
+
+def test_add_residual_keeps_values_and_gradients_and_materialises_the_cotangent():
+  key = jax.random.PRNGKey(0)
+  x = jax.random.normal(key, (2, 7, 8))
+  weights = [jax.random.normal(jax.random.fold_in(key, i), (8, 8)) * 0.3 for i in range(4)]
+  plain = jax.jit(jax.value_and_grad(functools.partial(_stack, jnp.add), argnums=(0, 1)))
+  ours = jax.jit(jax.value_and_grad(functools.partial(_stack, fusable.add_residual),
+                                    argnums=(0, 1)))
+  (value, grads), (expected_value, expected_grads) = ours(x, weights, key), plain(x, weights, key)
+  np.testing.assert_array_equal(value, expected_value)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, grads, expected_grads)
+  # On the CPU each residual's cotangent goes through a conditional that XLA keeps; a NaN in
+  # the cotangent makes it NaN everywhere (the update is discarded anyway), never finite.
+  hlo = ours.lower(x, weights, key).compile().as_text()
+  assert hlo.count(" conditional(") == (len(weights) if jax.default_backend() == "cpu" else 0)
+  nan_x = x.at[0, 0, 0].set(jnp.nan)
+  assert not np.isfinite(np.asarray(ours(nan_x, weights, key)[1][0])).any()
+  empty = jnp.zeros((0, 8))
+  np.testing.assert_array_equal(jax.grad(lambda a: jnp.sum(fusable.add_residual(a, a)))(empty),
+                                empty)
