@@ -11,6 +11,9 @@ The bits are exactly those of `jax.random.bits(key, shape)` (and the masks those
 `jax.random.bernoulli`, and `Dropout` is `flax.linen.Dropout` draw for draw) for threefry keys
 with `jax_threefry_partitionable` on, the default since jax 0.5. Other keys, the older counter
 layout and masks of 2**32 elements or more fall back to `jax.random`.
+
+`add_residual` is the residual add of the encoder and decoder layers: on the CPU it keeps XLA
+from recomputing these masks, and the stream's cotangent, once per later layer.
 """
 
 from __future__ import annotations
