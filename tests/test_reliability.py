@@ -22,7 +22,7 @@ from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import faults, train
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.parallel import DataParallel
-from tests.test_train import losses, tiny_config
+from tests.test_train import devices_flag, losses, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_UPDATES, EVAL_EVERY = 8, 4
@@ -66,11 +66,6 @@ def _run(config_file, workdir, fault=None, extra=(), env_update=None, **popen):
     return subprocess.Popen(command, cwd=REPO, env=env, text=True, **popen)
   return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True,
                         timeout=600, check=False)
-
-
-def devices_flag(count):
-  """XLA_FLAGS for `count` CPU devices, keeping the flags the suite runs with (conftest.py)."""
-  return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
 
 
 def _final_state(workdir, step=MAX_UPDATES):

@@ -128,10 +128,13 @@ def test_evaluating_without_a_saved_config_says_what_to_do(tmp_path):
     ckpt_lib.load_config(str(tmp_path))
 
 
+def devices_flag(count):
+  """XLA_FLAGS for `count` CPU devices, keeping the flags the suite runs with (conftest.py)."""
+  return f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
+
+
 PMAP_VS_JIT = textwrap.dedent("""
     import os, sys
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=2")
     sys.path.insert(0, os.getcwd())
     import jax, jax.numpy as jnp, numpy as np
     from configs import default
@@ -175,6 +178,7 @@ PMAP_VS_JIT = textwrap.dedent("""
 def test_pmap_and_jit_give_the_same_update_on_two_devices():
   result = subprocess.run([sys.executable, "-c", PMAP_VS_JIT], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          timeout=600, check=False)
+                          env={**os.environ, "XLA_FLAGS": devices_flag(2)}, timeout=600,
+                          check=False)
   assert result.returncode == 0, result.stdout + result.stderr[-3000:]
   assert "devices 2" in result.stdout
