@@ -280,18 +280,22 @@ def train_section(directory):
   memory = [r for r in rows if "total_bytes" in r]
   peak = meta["matmul_peak_flops"]
   table = _table(["config", "encoder layout", "options", "s/step", "frames/s", "GFLOP/step",
-                  "utilisation", "compile s", "host page faults / kernel CPU s per step"],
+                  "utilisation", "compile s", "host page faults / kernel CPU s per step",
+                  "cores busy (user CPU s / s)"],
                  [[r["config"], f"`{r['layout']}`", _options(r), r["seconds"],
                    r["frames_per_s"],
                    f"{r['flops'] / 1e9:.0f}", f"{100 * r['utilisation']:.1f}%", r["compile_s"],
                    f"{r['page_faults_per_step']} / {r['kernel_cpu_s_per_step']}"
-                   if "page_faults_per_step" in r else "—"]
+                   if "page_faults_per_step" in r else "—",
+                   f"{r['user_cpu_s_per_step'] / r['seconds']:.2f}"
+                   if "user_cpu_s_per_step" in r else "—"]
                   for r in timed])
   fairseq_text = ""
   targets = []
   ours = next((r for r in timed if r["config"] == "s2t_transformer_s"), None)
   fairseq_runs = [(runs[0], label) for runs, label in (
       (fairseq_rows, ""), (fairseq_huge, " (fairseq also on huge pages)")) if runs]
+  same_run_fairseq = []   # (fairseq frames/s, ours / fairseq, label) measured after this run
   for fs, label in fairseq_runs:
     fairseq_text += (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads, "
                      f"{_allocator(fs)}), same "
@@ -306,9 +310,18 @@ def train_section(directory):
       same_run = fs.get("date") == meta.get("date") and fs.get("peak") == peak
       if same_run:
         fairseq_text += (f"fairseq's utilisation with the same FLOP count: "
-                         f"{100 * ours['flops'] / fs['seconds'] / peak:.1f}%.\n")
-      targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq, same machine" + label,
-                      f"{ratio:.2f}x", _verdict(ratio >= 1.2) if same_run else
+                         f"{100 * ours['flops'] / fs['seconds'] / peak:.1f}%; "
+                         f"s2t_transformer_s here / fairseq: {ratio:.2f}x.\n")
+        same_run_fairseq.append((fs["frames_per_s"], ratio, label))
+  if ours and fairseq_runs:
+    # Against fairseq's faster allocator: a slower fairseq setting is no evidence.
+    if same_run_fairseq:
+      _, ratio, label = max(same_run_fairseq)
+      targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq (its faster run), same "
+                      "machine" + label, f"{ratio:.2f}x", _verdict(ratio >= 1.2)])
+    else:
+      targets.append(["s2t_transformer_s frames/s >= 1.2x fairseq, same machine",
+                      f"{ours['frames_per_s'] / fairseq_runs[0][0]['frames_per_s']:.2f}x",
                       "**not verified**: fairseq was measured in another run, on a machine "
                       "with another matmul peak"])
   if ours:

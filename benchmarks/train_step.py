@@ -8,7 +8,9 @@ For each config (vocabulary 8000, dropout as configured): one full update (fwd +
 frames and `--tokens` target tokens: seconds per step, frames/s, XLA's FLOPs of the step (of the
 same model computed without the blockwise softmax, the chunked FFN and dropout: model FLOPs,
 the backward's recomputation and the dropout masks' hash not counted), and utilisation =
-FLOPs / step time / the matmul peak measured by this script on this machine.
+FLOPs / step time / the matmul peak measured by this script on this machine; also the host's
+page faults and kernel and user CPU seconds per step (user CPU / step time: how many of the
+machine's cores the step kept busy).
 Then the compiled memory (temporaries + arguments + outputs, `memory_analysis`, compile only)
 of a batch of `--memory_batch` x `--memory_frames` frames (20 000 frames by default) for the
 same configs plus their full-attention baselines. A config may carry model-key overrides after
@@ -151,6 +153,7 @@ def main(argv=None):
       after = resource.getrusage(resource.RUSAGE_SELF)   # host page faults: host_memory.py
       faults = (after.ru_minflt - usage.ru_minflt) / args.steps
       kernel_s = (after.ru_stime - usage.ru_stime) / args.steps
+      user_s = (after.ru_utime - usage.ru_utime) / args.steps
       if args.trace_dir:  # after the timing, so that tracing does not slow the timed steps
         with jax.profiler.trace(os.path.join(args.trace_dir, name.replace("@", "_")),
                                 create_perfetto_trace=True):
@@ -163,6 +166,7 @@ def main(argv=None):
                   frames_per_s=round(frames / seconds, 1), flops=flops,
                   utilisation=round(flops / seconds / peak, 4), compile_s=round(compile_s, 1),
                   page_faults_per_step=round(faults), kernel_cpu_s_per_step=round(kernel_s, 3),
+                  user_cpu_s_per_step=round(user_s, 3),
                   loss=float(np.asarray(metrics["loss"]).reshape(-1)[0]))
   for name in filter(None, args.memory_configs.split(",")):
     config = load_config(name, args.dtype)
