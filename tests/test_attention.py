@@ -9,7 +9,8 @@ from multiformer_jax.attention import (MultiHeadMultiAttention, favor_attention,
                                        local_attention, softmax_attention)
 from multiformer_jax.attention import local as local_lib
 from multiformer_jax.attention.blockwise import dropout_keep_mask
-from multiformer_jax.attention.kernel import favor_weights, orthogonal_gaussian_features
+from multiformer_jax.attention.kernel import (favor_weights, max_over_features,
+                                              orthogonal_gaussian_features)
 from multiformer_jax.layout import parse_layout
 
 RNG = np.random.default_rng(0)
@@ -181,6 +182,46 @@ def test_kernel_linear_form_equals_its_quadratic_form():
   for got, want in zip(jax.grad(linear, (0, 1, 2))(q, k, v),
                        jax.grad(quadratic, (0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_kernel_equals_the_textbook_favor_form():
+  """favor_attention (no m^-1/2, the query stabiliser's derivative at its first argmax) equals
+  FAVOR+ as written in the module docstring with plain jnp (jnp.max, the m^-1/2 factor):
+  outputs and gradients, with padded keys; m = 48 is not a power of four, so the rounding may
+  differ in the last place."""
+  q, k, v = qkv(2, 19, 2, 8, scale=0.7)
+  mask = jnp.asarray(np.arange(19)[None] < np.array([[19], [11]]))
+  proj = orthogonal_gaussian_features(jax.random.PRNGKey(5), 48, 8)
+  cotangent = jnp.asarray(np.random.default_rng(3).normal(size=q.shape), jnp.float32)
+
+  def textbook(q, k, v):
+    def phi(x, stabiliser_axes, valid):
+      x = jnp.swapaxes(x, 1, 2) * 8 ** -0.25                       # [batch, heads, time, dim]
+      u = jnp.einsum("bhtd,md->bhtm", x, proj)
+      if valid is None:
+        c = jnp.max(u, axis=-1, keepdims=True)
+      else:
+        c = jax.lax.stop_gradient(jnp.max(jnp.where(valid[:, None, :, None], u, -jnp.inf),
+                                          axis=stabiliser_axes, keepdims=True))
+      f = 48 ** -0.5 * (jnp.exp(u - 0.5 * jnp.sum(x * x, -1, keepdims=True) - c) + 1e-4)
+      return f if valid is None else jnp.where(valid[:, None, :, None], f, 0.0)
+    phi_q, phi_k = phi(q, None, None), phi(k, (2, 3), mask)
+    weights = jnp.einsum("bhqm,bhkm->bhqk", phi_q, phi_k)
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return jnp.sum(jnp.einsum("bhqk,bkhd->bqhd", weights, v) * cotangent)
+
+  linear = lambda q, k, v: jnp.sum(favor_attention(q, k, v, mask, proj) * cotangent)
+  np.testing.assert_allclose(linear(q, k, v), textbook(q, k, v), rtol=1e-5)
+  for got, want in zip(jax.grad(linear, (0, 1, 2))(q, k, v),
+                       jax.grad(textbook, (0, 1, 2))(q, k, v)):
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_max_over_features_derivative_at_the_first_argmax():
+  u = jnp.asarray([[1.0, 3.0, 2.0], [5.0, 5.0, -1.0]])
+  np.testing.assert_array_equal(max_over_features(u), jnp.max(u, -1, keepdims=True))
+  grad = jax.grad(lambda u: jnp.sum(max_over_features(u) * jnp.asarray([[2.0], [3.0]])))(u)
+  np.testing.assert_array_equal(grad, [[0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])   # ties: the first
 
 
 def test_kernel_masks_padded_keys_exactly():

@@ -3,9 +3,13 @@
 softmax(q k^T / sqrt(d)) is approximated by phi(q) phi(k)^T with
 phi(x) = m^-1/2 (exp(w_r . x' - |x'|^2 / 2 - c) + eps)_r,  x' = d^-1/4 x,
 w_r orthogonal Gaussian rows with chi-distributed norms (Choromanski et al. 2021). The
-stabiliser c is per position for queries (it cancels) and, for keys, the maximum over the
-features and the *valid* positions of the utterance, so an utterance's output does not depend
-on its padding or its batch-mates. Padded keys have their features zeroed: masking is exact.
+stabiliser c is per position for queries (it cancels but for eps's share) and, for keys, the
+maximum over the features and the *valid* positions of the utterance, so an utterance's output
+does not depend on its padding or its batch-mates. Padded keys have their features zeroed: masking is exact.
+
+The constant m^-1/2 cancels between the numerator and the normaliser, so the features here leave
+it out (for m = 256 that is bit-exact: 1/16 is a power of two). It saved a full-size multiply
+forward and backward, which XLA:CPU also materialised as a broadcast.
 
 Features are either fixed (drawn from `seed`, the same on every call, so a checkpoint plus its
 config reproduce them) or redrawn at every training step from the step's dropout key; eval
@@ -35,8 +39,27 @@ def orthogonal_gaussian_features(key, num_features: int, dim: int):
   return rows * norms[:, None]
 
 
+@jax.custom_jvp
+def max_over_features(u):
+  """max(u, axis=-1, keepdims=True) whose derivative is taken at the first argmax.
+
+  `jnp.max`'s derivative compares u with the broadcast maximum and shares the tangent among
+  ties: on the CPU that materialised the [.., features] broadcast and a mask the size of u,
+  forward and backward. This one gathers one tangent per row. Both are derivatives of the same
+  function; they differ only where two features tie exactly for the maximum."""
+  return jnp.max(u, axis=-1, keepdims=True)
+
+
+@max_over_features.defjvp
+def _max_over_features_jvp(primals, tangents):
+  (u,), (du,) = primals, tangents
+  first_argmax = jnp.argmax(u, axis=-1)[..., None]
+  return (jnp.take_along_axis(u, first_argmax, axis=-1),
+          jnp.take_along_axis(du, first_argmax, axis=-1))
+
+
 def positive_features(x, projection, valid=None):
-  """x: [batch, heads, time, dim] -> [batch, heads, time, features] (float32).
+  """x: [batch, heads, time, dim] -> [batch, heads, time, features] (float32), phi(x) m^1/2.
 
   valid: None for queries (stabiliser per position); a [batch, time] bool key mask for keys
   (stabiliser over valid positions; padded rows set to zero).
@@ -45,12 +68,12 @@ def positive_features(x, projection, valid=None):
   u = jnp.einsum("bhtd,md->bhtm", x, projection)
   half_sq_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
   if valid is None:
-    stabiliser = jnp.max(u, axis=-1, keepdims=True)
+    stabiliser = max_over_features(u)
   else:
     valid = valid[:, None, :, None]
     stabiliser = jnp.max(jnp.where(valid, u, -jnp.inf), axis=(2, 3), keepdims=True)
     stabiliser = jax.lax.stop_gradient(jnp.where(jnp.isfinite(stabiliser), stabiliser, 0.0))
-  features = (jnp.exp(u - half_sq_norm - stabiliser) + FEATURE_EPS) * projection.shape[0] ** -0.5
+  features = jnp.exp(u - half_sq_norm - stabiliser) + FEATURE_EPS
   if valid is not None:
     features = jnp.where(valid, features, 0.0)
   return features
