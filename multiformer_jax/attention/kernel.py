@@ -5,7 +5,8 @@ phi(x) = m^-1/2 (exp(w_r . x' - |x'|^2 / 2 - c) + eps)_r,  x' = d^-1/4 x,
 w_r orthogonal Gaussian rows with chi-distributed norms (Choromanski et al. 2021). The
 stabiliser c is per position for queries (it cancels but for eps's share) and, for keys, the
 maximum over the features and the *valid* positions of the utterance, so an utterance's output
-does not depend on its padding or its batch-mates. Padded keys have their features zeroed: masking is exact.
+does not depend on its padding or its batch-mates. Padded keys have their features zeroed:
+masking is exact.
 
 The constant m^-1/2 cancels between the numerator and the normaliser, so the features here leave
 it out (for m = 256 that is bit-exact: 1/16 is a power of two). It saved a full-size multiply
