@@ -8,7 +8,8 @@ jit(grad(sum(attention(q, k, v)))) with respect to q, k, v (and the conv weights
 references are the dense masked computation a JAX user would write for a window
 (`jax.nn.dot_product_attention(local_window_size=...)`, which forms the n x n matrix under a
 mask) and dense full attention; they are skipped above --max_dense_n (their n^2 temporaries).
-Results are JSON lines: kind, n, seconds, temp_bytes, flops. `benchmarks/report.py` turns them
+Each row also times the forward alone (`forward_seconds`: what evaluation pays).
+Results are JSON lines: kind, n, seconds, forward_seconds, temp_bytes, flops. `benchmarks/report.py` turns them
 into docs/benchmarks.md tables and plots.
 """
 
@@ -109,10 +110,13 @@ def main(argv=None):
         continue
       exe, stats = compiled(fwd_bwd(fn), params, q, k, v, mask)
       seconds = time_call(exe, params, q, k, v, mask, repeats=args.repeats)
+      forward, _ = compiled(fn, params, q, k, v, mask)   # what evaluation pays
+      forward_seconds = time_call(forward, params, q, k, v, mask, repeats=args.repeats)
       if name.startswith("local"):   # FLOPs of the whole band, not of one scan step
         with local_heads_in_one_chunk():
           stats["flops"] = compiled(fwd_bwd(fn), params, q, k, v, mask)[1]["flops"]
-      results.add(kind=name, n=n, seconds=round(seconds, 5), **stats)
+      results.add(kind=name, n=n, seconds=round(seconds, 5),
+                  forward_seconds=round(forward_seconds, 5), **stats)
 
 
 if __name__ == "__main__":

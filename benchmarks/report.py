@@ -82,6 +82,17 @@ def _kind_rows(kinds, lengths, lookup, key, scale=1.0, fmt="{:.3f}", label="{}")
   return [[label.format(kind)] + [cell(lookup(kind, n)) for n in lengths] for kind in kinds]
 
 
+def _forward_table(header, rows) -> str:
+  """The forward-only seconds (rows written before attention.py timed them have none)."""
+  if not rows:
+    return ""
+  return f"""
+Forward only, seconds (what evaluation pays; same inputs, same run):
+
+{_table(header, rows)}
+"""
+
+
 def attention_section(directory, plot_dir):
   meta, rows = _load(directory, "attention.jsonl")
   if not rows:
@@ -102,6 +113,8 @@ def attention_section(directory, plot_dir):
   mem_rows += _kind_rows(torch_kinds, lengths, lookup, "peak_growth_bytes", MIB, "{:.0f}",
                          "{} (RSS growth)")
   flop_rows = _kind_rows(kinds, lengths, lookup, "flops", 1e9, "{:.1f}")
+  forward_rows = [r for r in _kind_rows(kinds, lengths, lookup, "forward_seconds")
+                  if any(cell != "—" for cell in r[1:])]
   header = ["kind"] + [f"n={n}" for n in lengths]
 
   for key, ylabel, name, scale in (("seconds", "fwd+bwd seconds", "attention_time.png", 1),
@@ -188,7 +201,7 @@ XLA compiled temporaries (MiB; PyTorch rows: growth of the peak resident set):
 XLA FLOPs (G):
 
 {_table(header, flop_rows)}
-
+{_forward_table(header, forward_rows)}
 ![time](benchmarks/attention_time.png)
 ![memory](benchmarks/attention_memory.png)
 """

@@ -122,13 +122,16 @@ def _forward(band, q, k, v, key_mask, rng, rate):
     chunk, q_chunk = xs                                        # [batch, heads, C, block, dim]
     logits, valid, _ = _chunk_probs(band, q_chunk * scale, k_blocks, mask_blocks, chunk)
     peak = jnp.max(logits, axis=-1, keepdims=True)
-    probs = jnp.exp(logits - peak) * valid
-    normaliser = jnp.maximum(jnp.sum(probs, axis=-1, keepdims=True), 1e-30)
-    probs = probs / normaliser
+    weights = jnp.exp(logits - peak) * valid                   # unnormalised
+    normaliser = jnp.maximum(jnp.sum(weights, axis=-1, keepdims=True), 1e-30)
     if rate > 0.0:
-      probs = probs * dropout_keep_mask(rng, chunk, rate, probs.shape) / (1.0 - rate)
+      weights = weights * dropout_keep_mask(rng, chunk, rate, weights.shape) / (1.0 - rate)
     v_win = band.windows(band.chunk_keys(v_blocks, chunk, 2), 2)
-    out = jnp.einsum("bhcqk,bhckd->bhcqd", probs.astype(v.dtype), v_win)
+    # Normalised after the weighted sum (block x dim values, not block x width weights): a
+    # forward without the backward ran 1.75x faster at n = 4096 on the CPU this way, where
+    # the normalised weights were otherwise fused into YNNPACK's matmul and computed slowly.
+    out = jnp.einsum("bhcqk,bhckd->bhcqd", weights.astype(v.dtype), v_win)
+    out = (out / normaliser).astype(v.dtype)
     return None, (out, (peak + jnp.log(normaliser))[..., 0])
 
   chunks = jnp.arange(band.num_chunks)
