@@ -9,8 +9,8 @@ references are the dense masked computation a JAX user would write for a window
 (`jax.nn.dot_product_attention(local_window_size=...)`, which forms the n x n matrix under a
 mask) and dense full attention; they are skipped above --max_dense_n (their n^2 temporaries).
 Each row also times the forward alone (`forward_seconds`: what evaluation pays).
-Results are JSON lines: kind, n, seconds, forward_seconds, temp_bytes, flops. `benchmarks/report.py` turns them
-into docs/benchmarks.md tables and plots.
+Results are JSON lines: kind, n, seconds, forward_seconds, temp_bytes, flops.
+`benchmarks/report.py` turns them into docs/benchmarks.md tables and plots.
 """
 
 from __future__ import annotations

@@ -113,7 +113,7 @@ def attention_section(directory, plot_dir):
   mem_rows += _kind_rows(torch_kinds, lengths, lookup, "peak_growth_bytes", MIB, "{:.0f}",
                          "{} (RSS growth)")
   flop_rows = _kind_rows(kinds, lengths, lookup, "flops", 1e9, "{:.1f}")
-  forward_rows = [r for r in _kind_rows(kinds, lengths, lookup, "forward_seconds")
+  forward_rows = [r for r in _kind_rows(kinds + torch_kinds, lengths, lookup, "forward_seconds")
                   if any(cell != "—" for cell in r[1:])]
   header = ["kind"] + [f"n={n}" for n in lengths]
 
