@@ -113,8 +113,9 @@ def attention_section(directory, plot_dir):
   mem_rows += _kind_rows(torch_kinds, lengths, lookup, "peak_growth_bytes", MIB, "{:.0f}",
                          "{} (RSS growth)")
   flop_rows = _kind_rows(kinds, lengths, lookup, "flops", 1e9, "{:.1f}")
-  forward_rows = [r for r in _kind_rows(kinds + torch_kinds, lengths, lookup, "forward_seconds")
-                  if any(cell != "—" for cell in r[1:])]
+  timed_forward = [kind for kind in kinds + torch_kinds
+                   if any("forward_seconds" in (lookup(kind, n) or {}) for n in lengths)]
+  forward_rows = _kind_rows(timed_forward, lengths, lookup, "forward_seconds")
   header = ["kind"] + [f"n={n}" for n in lengths]
 
   for key, ylabel, name, scale in (("seconds", "fwd+bwd seconds", "attention_time.png", 1),
