@@ -1,11 +1,13 @@
 """The position-wise feed-forward block of a pre-LN Transformer layer (without its LN)."""
 
+import functools
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from multiformer_jax.dropout import Dropout, dropout
+from multiformer_jax.dropout import dropout
 from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
 
 
@@ -52,10 +54,54 @@ def chunked_feedforward(x, fc1, fc2, token_chunk: int, activation_dropout: float
   return out.reshape(num_chunks * token_chunk, d_model)[:tokens].reshape(batch, length, d_model)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def feedforward(x, w1, b1, w2, b2, activation_dropout: float, output_dropout: float, keys):
+  """dropout(relu(x @ w1 + b1)) @ w2 + b2, then dropout: x [tokens, d_model] -> [tokens, d_model].
+
+  keys: the (hidden, output) dropout keys; a rate of 0 draws nothing. A custom VJP whose only
+  [tokens, ffn_dim] residual is the dropped hidden layer itself: relu's derivative and the
+  hidden dropout mask are both read off it (an entry is > 0 exactly where the unit was active
+  and kept), so the backward neither recomputes fc1 nor redraws that mask (XLA's autodiff of the
+  same expression hashed the mask again in each fusion that read it); only the [tokens,
+  d_model] output mask is redrawn. Gradients equal autodiff's (tests/test_blockwise.py).
+  """
+  return _feedforward_fwd(x, w1, b1, w2, b2, activation_dropout, output_dropout, keys)[0]
+
+
+def _feedforward_fwd(x, w1, b1, w2, b2, activation_dropout, output_dropout, keys):
+  hidden = dropout(jax.nn.relu(x @ w1 + b1), activation_dropout, keys[0])  # [tokens, ffn_dim]
+  out = dropout(hidden @ w2 + b2, output_dropout, keys[1])
+  return out, (x, hidden, w1, w2, keys)
+
+
+def _feedforward_bwd(activation_dropout, output_dropout, residuals, d_out):
+  x, hidden, w1, w2, keys = residuals
+  d_y = dropout(d_out, output_dropout, keys[1])       # the same mask and 1 / (1 - rate)
+  d_hidden = d_y @ w2.T                                # [tokens, ffn_dim]
+  if activation_dropout == 1.0:
+    d_pre = jnp.zeros_like(d_hidden)
+  else:
+    d_pre = jnp.where(hidden > 0, d_hidden / (1.0 - activation_dropout), 0).astype(d_hidden.dtype)
+  return (d_pre @ w1.T, x.T @ d_pre, d_pre.sum(0), hidden.T @ d_y, d_y.sum(0), None)
+
+
+feedforward.defvjp(_feedforward_fwd, _feedforward_bwd)
+
+
+class _DropoutKey(nn.Module):
+  """The key a flax.linen.Dropout of the same name would draw (same scope, same make_rng), so
+  that the unchunked FFN keeps the masks of the Dropout_0 / Dropout_1 modules it replaced."""
+
+  @nn.compact
+  def __call__(self):
+    return self.make_rng("dropout")
+
+
 class FeedForward(nn.Module):
   """fc1 -> relu -> activation dropout -> fc2 -> dropout (fairseq; PyTorch default init).
 
-  token_chunk > 0 computes it `token_chunk` tokens at a time with the hidden activations
+  Unchunked (token_chunk 0) it is `feedforward`, whose backward keeps only the dropped hidden
+  layer. token_chunk > 0 computes it `token_chunk` tokens at a time with the hidden activations
   recomputed in the backward (chunked_feedforward): same parameters and outputs, O(chunk x
   ffn_dim) activation memory instead of O(batch x time x ffn_dim), other dropout draws.
   """
@@ -68,20 +114,24 @@ class FeedForward(nn.Module):
 
   @nn.compact
   def __call__(self, x, deterministic: bool = True):
+    for name, rate in (("dropout", self.dropout), ("activation_dropout", self.activation_dropout)):
+      if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"FeedForward {name} must be in [0, 1], got {rate}")
+    fc1 = DenseParams(self.d_model, self.ffn_dim, name="fc1")()
+    fc2 = DenseParams(self.ffn_dim, self.d_model, name="fc2")()
+    activation_rate = 0.0 if deterministic else self.activation_dropout
+    output_rate = 0.0 if deterministic else self.dropout
     if self.token_chunk:
-      fc1 = DenseParams(self.d_model, self.ffn_dim, name="fc1")()
-      fc2 = DenseParams(self.ffn_dim, self.d_model, name="fc2")()
-      training = not deterministic and (self.dropout > 0.0 or self.activation_dropout > 0.0)
+      training = activation_rate > 0.0 or output_rate > 0.0
       rng = self.make_rng("dropout") if training else jax.random.PRNGKey(0)
-      return chunked_feedforward(x, fc1, fc2, self.token_chunk,
-                                 0.0 if deterministic else self.activation_dropout,
-                                 0.0 if deterministic else self.dropout, rng, self.dtype)
-    h = nn.Dense(self.ffn_dim, kernel_init=torch_default_kernel,
-                 bias_init=torch_default_bias(self.d_model), dtype=self.dtype, name="fc1")(x)
-    h = Dropout(self.activation_dropout)(nn.relu(h), deterministic=deterministic)
-    h = nn.Dense(self.d_model, kernel_init=torch_default_kernel,
-                 bias_init=torch_default_bias(self.ffn_dim), dtype=self.dtype, name="fc2")(h)
-    return Dropout(self.dropout)(h, deterministic=deterministic)
+      return chunked_feedforward(x, fc1, fc2, self.token_chunk, activation_rate, output_rate,
+                                 rng, self.dtype)
+    keys = (_DropoutKey(name="Dropout_0")() if activation_rate else None,
+            _DropoutKey(name="Dropout_1")() if output_rate else None)
+    (w1, b1), (w2, b2) = ((w.astype(self.dtype), b.astype(self.dtype)) for w, b in (fc1, fc2))
+    flat = x.astype(self.dtype).reshape(-1, self.d_model)            # [tokens, d_model]
+    out = feedforward(flat, w1, b1, w2, b2, activation_rate, output_rate, keys)
+    return out.reshape(x.shape[:-1] + (self.d_model,))
 
 
 def layer_norm(name: str) -> nn.LayerNorm:
