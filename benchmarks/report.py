@@ -358,8 +358,9 @@ Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens,
 utilisation = XLA FLOPs of the step / step time / measured peak, where the FLOPs are the
 model's (the same step compiled with the dense softmax and the unchunked FFN: XLA counts a
 loop body once, and the backward's recomputation is not model work). "options" are the
-memory options (`model.key_block_size`, `model.ffn_token_chunk`; their default, -1, is 512 and
-1024 on CPU and 0, the dense forms, on GPU).
+memory options (`model.key_block_size`, `model.ffn_token_chunk`; their default, -1, is 512 on
+CPU and 0, the dense softmax, on GPU for the first, and 0, the unchunked FFN, everywhere for the
+second since 2026-11-24; rows measured before that ran 1024-token chunks on CPU).
 
 {table}
 {fairseq_text}

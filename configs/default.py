@@ -49,7 +49,7 @@ def get_config(arg=None):
                                # 0 on GPU/TPU (faster there: docs/benchmarks.md)
   m.ffn_token_chunk = -1       # encoder FFN: computed this many tokens at a time, the hidden
                                # layer recomputed in the backward (less memory); 0 = one
-                               # unchunked FFN; -1 = by backend: 1024 on CPU, 0 on GPU/TPU
+                               # unchunked FFN (the faster); -1 = by backend: 0 everywhere now
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024

@@ -134,7 +134,7 @@ def test_negative_block_sizes_are_rejected(key, value):
     ModelConfig(**{key: value})
 
 
-@pytest.mark.parametrize("backend, expected", [("cpu", (512, 1024)), ("gpu", (0, 0)),
+@pytest.mark.parametrize("backend, expected", [("cpu", (512, 0)), ("gpu", (0, 0)),
                                                ("tpu", (0, 0))])
 def test_automatic_memory_options_follow_the_backend(monkeypatch, backend, expected):
   monkeypatch.setattr(jax, "default_backend", lambda: backend)
