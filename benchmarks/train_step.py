@@ -101,8 +101,8 @@ def memory_options(model) -> dict:
 
 
 def step_stats(step, state, batch) -> dict:
-  """executable_stats of one full update (apply_update=True) for these shapes."""
-  return executable_stats(step.lower(state, batch, True).compile())
+  """executable_stats of one update of update_freq 1 (apply_update and first_micro)."""
+  return executable_stats(step.lower(state, batch, True, True).compile())
 
 
 def main(argv=None):
@@ -139,7 +139,7 @@ def main(argv=None):
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
                                   config.model.input_dim, 8000))
       t0 = time.perf_counter()
-      update = step.lower(state, batch, True).compile()  # timed below: compiled once
+      update = step.lower(state, batch, True, True).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
       flops = model_flops(config, batch)
       for _ in range(2):

@@ -44,7 +44,7 @@ class TrainState:
   micro_step: jnp.ndarray    # micro-batches seen: the dropout key is fold_in(rng, micro_step)
   params: Any
   opt_state: Any
-  grad_acc: Any              # gradient sums since the last update
+  grad_acc: Any              # gradient sums since the last update (zero between updates)
   acc_tokens: jnp.ndarray    # target tokens since the last update
   rng: jnp.ndarray
   nonfinite: jnp.ndarray     # consecutive skipped updates
@@ -120,7 +120,21 @@ def batch_tasks(batch, model_config: ModelConfig):
 
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
                train_cfg=None):
-  """-> (train_step(state, batch, apply_update), eval_step(state, batch)), compiled.
+  """-> (train_step(state, batch, apply_update, first_micro), eval_step(state, batch)), compiled.
+
+  train_step's two static flags give the micro-batch's place in an update of `update_freq`
+  micro-batches: `first_micro` (it starts the update) and `apply_update` (it ends it; with
+  update_freq = 1 both are True). The first micro-batch's gradients become the sums without
+  reading `grad_acc`, which is zero between updates; an update that started with it leaves
+  `grad_acc` untouched (still zero). The results are those of always adding into `grad_acc`
+  and zeroing it after the update; the parameter-sized accumulator is just not read and
+  rewritten when there is nothing in it.
+
+  A non-finite loss or gradient norm skips the update (parameters and optimizer state kept)
+  through `lax.cond`, not a select per leaf: with the select XLA recomputes Adam's new moments
+  inside the parameters' update and so reads the old moments twice, which costs a copy of
+  every donated parameter, moment and accumulator per update (on a 2-core CPU the optimizer's
+  part of an s2t_transformer_s update took about twice as long; docs/benchmarks_notes.md).
 
   Head-selection models add the KL term of their Gumbel-sigmoid samples, weighted by each
   task's target tokens (train.kl_weight; 0 in the published recipes, then it is only logged).
@@ -153,7 +167,12 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
       loss = loss + (train_cfg.kl_weight if train_cfg is not None else 0.0) * kl
     return loss, aux
 
-  def train_step(state: TrainState, batch, apply_update: bool):
+  def apply_optimizer(operands):
+    params, opt_state, grads = operands
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def train_step(state: TrainState, batch, apply_update: bool, first_micro: bool):
     key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
                              dp.device_index())
     (loss, aux), grads = jax.value_and_grad(loss_sums, has_aux=True)(
@@ -161,24 +180,21 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
                     "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
     grads = dp.psum(grads)
-    state = state.replace(micro_step=state.micro_step + 1,
-                          grad_acc=jax.tree_util.tree_map(jnp.add, state.grad_acc, grads),
-                          acc_tokens=state.acc_tokens + sums["tokens"])
+    grad_acc = grads if first_micro else jax.tree_util.tree_map(jnp.add, state.grad_acc, grads)
+    acc_tokens = sums["tokens"] + (0.0 if first_micro else state.acc_tokens)
+    state = state.replace(micro_step=state.micro_step + 1)
     if not apply_update:
-      return state, sums
-    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(state.acc_tokens, 1.0),
-                                   state.grad_acc)
+      return state.replace(grad_acc=grad_acc, acc_tokens=acc_tokens), sums
+    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(acc_tokens, 1.0), grad_acc)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    keep = lambda new, old: jax.tree_util.tree_map(lambda n, o: jnp.where(finite, n, o), new,
-                                                   old)
+    params, opt_state = jax.lax.cond(finite, apply_optimizer, lambda operands: operands[:2],
+                                     (state.params, state.opt_state, grads))
     lr = schedule(state.step)
     state = state.replace(
-        step=state.step + 1, params=keep(params, state.params),
-        opt_state=keep(opt_state, state.opt_state),
-        grad_acc=jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc),
+        step=state.step + 1, params=params, opt_state=opt_state,
+        grad_acc=(state.grad_acc if first_micro
+                  else jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc)),
         acc_tokens=jnp.zeros_like(state.acc_tokens),
         nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
     return state, {**sums, "grad_norm": grad_norm, "lr": lr, "finite": finite}
@@ -187,7 +203,7 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     loss, aux = loss_sums(state.params, batch, True)
     return dp.psum({"loss": loss, **aux})
 
-  return (dp.compile(train_step, static_argnums=(2,), donate_argnums=(0,)),
+  return (dp.compile(train_step, static_argnums=(2, 3), donate_argnums=(0,)),
           dp.compile(eval_step))
 
 
@@ -368,7 +384,7 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
         log.info("compiling the train step for batch shape %s (first use; later steps with "
                  "this shape are fast)", shape)
       last_micro = micro == scfg.update_freq - 1
-      state, metrics = train_step(state, dp.shard(batch), last_micro)
+      state, metrics = train_step(state, dp.shard(batch), last_micro, micro == 0)
       logger.accumulate(metrics, update_ids if last_micro else None)
     step += 1
     if step % config.train.log_every == 0 or step == scfg.max_updates:

@@ -172,17 +172,17 @@ def _tiny_step(prepared_dir):
 def test_a_non_finite_update_leaves_parameters_and_optimizer_state_unchanged(prepared):
   _, prepared_dir = prepared
   state, batch, step = _tiny_step(prepared_dir)
-  state, _ = step(state, batch, True)                 # one good update: Adam moments non-zero
+  state, _ = step(state, batch, True, True)                 # one good update: Adam moments non-zero
   before = jax.device_get(state)
   bad = dict(batch, features=np.where(np.arange(batch["features"].shape[1])[None, :, None] == 3,
                                       np.nan, batch["features"]).astype(np.float32))
-  state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, bad), True)
+  state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, bad), True, True)
   after = jax.device_get(state)
   assert not bool(metrics["finite"]) and int(after.nonfinite) == 1
   assert int(after.step) == int(before.step) + 1      # counted as an update (skipped)
   jax.tree_util.tree_map(np.testing.assert_array_equal, after.params, before.params)
   jax.tree_util.tree_map(np.testing.assert_array_equal, after.opt_state, before.opt_state)
-  state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, batch), True)
+  state, metrics = step(state, jax.tree_util.tree_map(jnp.asarray, batch), True, True)
   assert bool(metrics["finite"]) and int(jax.device_get(state).nonfinite) == 0
 
 

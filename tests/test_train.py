@@ -163,7 +163,7 @@ PMAP_VS_JIT = textwrap.dedent("""
       step, _ = train.make_steps(model, tx, schedule, dp, 0.1)
       new = dp.replicate(state)
       for _ in range(2):
-        new, metrics = step(new, dp.shard(batch), True)
+        new, metrics = step(new, dp.shard(batch), True, True)
       results[mode] = dp.unreplicate(new.params)
       print(mode, dp.scalar(metrics["loss"]), flush=True)
     diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
@@ -182,3 +182,63 @@ def test_pmap_and_jit_give_the_same_update_on_two_devices():
                           check=False)
   assert result.returncode == 0, result.stdout + result.stderr[-3000:]
   assert "devices 2" in result.stdout
+
+
+def _tiny_model_and_batch(rows: int):
+  from multiformer_jax import build_model
+  config = default.get_config()
+  m = config.model
+  m.vocab_size, m.input_dim, m.d_model, m.ffn_dim, m.conv_channels = 11, 8, 16, 24, 8
+  m.encoder_layers, m.decoder_layers, m.decoder_heads = 1, 1, 2
+  m.encoder_layout = "1x(2*full+1*local(3)+1*conv(3,2))"
+  m.dropout = m.attention_dropout = m.activation_dropout = 0.0
+  config.asr.warmup_updates = 1
+  rng = np.random.default_rng(0)
+  batch = {"features": rng.normal(size=(rows, 20, 8)).astype(np.float32),
+           "lengths": rng.integers(5, 21, size=rows).astype(np.int32),
+           "prev_tokens": rng.integers(3, 11, size=(rows, 5)).astype(np.int32),
+           "targets": rng.integers(3, 11, size=(rows, 5)).astype(np.int32),
+           "weights": np.ones(rows, np.float32)}
+  return config, build_model(config), batch
+
+
+def test_accumulated_micro_batches_give_the_update_of_their_union():
+  """update_freq 2 (the first micro-batch, then the last) sums the gradients of one update on
+  both halves at once; starting an update with first_micro skips reading the zero accumulator
+  and gives the slow path's update bit for bit."""
+  from multiformer_jax.parallel import DataParallel
+  config, model, batch = _tiny_model_and_batch(4)
+  tx, schedule = train.make_optimizer(config.train, config.asr)
+  step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
+  initial = train.create_state(model, tx, jax.random.PRNGKey(0))
+  initial_params = jax.device_get(initial.params)
+  initial, _ = step(initial, batch, True, True)        # learning rate 0: moments only
+  start = jax.device_get(initial)
+  fresh = lambda: jax.tree_util.tree_map(jax.numpy.asarray, start)   # the step donates it
+  halves = [{k: v[rows] for k, v in batch.items()} for rows in (slice(0, 2), slice(2, 4))]
+  tokens = lambda b: float(np.sum(b["targets"] != train.PAD_ID))
+
+  whole_sums, _ = step(fresh(), batch, False, True)
+  split_sums, _ = step(fresh(), halves[0], False, True)
+  assert float(split_sums.acc_tokens) == tokens(halves[0])
+  split_sums, _ = step(split_sums, halves[1], False, False)
+  assert float(split_sums.acc_tokens) == float(whole_sums.acc_tokens) == tokens(batch)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
+                         split_sums.grad_acc, whole_sums.grad_acc)
+
+  whole, _ = step(fresh(), batch, True, True)
+  slow, _ = step(fresh(), batch, True, False)          # reads and re-zeroes grad_acc
+  split, _ = step(step(fresh(), halves[0], False, True)[0], halves[1], True, False)
+  for got in (whole, slow, split):
+    assert int(got.step) == 2 and float(got.acc_tokens) == 0.0
+    jax.tree_util.tree_map(lambda a: np.testing.assert_array_equal(a, 0.0), got.grad_acc)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, slow.params, whole.params)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, slow.opt_state, whole.opt_state)
+  # Adam scales every update to about the learning rate, so the summation order's rounding in
+  # a near-zero gradient can move its parameter by a few percent of it.
+  lr = config.asr.lr
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=0.05 * lr),
+                         split.params, whole.params)
+  moved = max(float(np.abs(a - b).max()) for a, b in zip(
+      jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(initial_params)))
+  assert moved > 0.5 * lr
