@@ -44,19 +44,21 @@ def block_masks(rng, rate, shape, key_block, length):
   return jnp.concatenate(masks, axis=-1)[..., :length] / (1.0 - rate)
 
 
+@pytest.mark.parametrize("key_block", [16, 45, 64])
 @pytest.mark.parametrize("rate", [0.0, 0.3])
-def test_blockwise_gradients_equal_dense(rate):
-  """The hand-written backward (recomputed blocks, regenerated dropout masks) == autodiff of
-  the dense computation with the same masks."""
+def test_blockwise_gradients_equal_dense(rate, key_block):
+  """The hand-written backwards (recomputed blocks and regenerated dropout masks; with one
+  block, 45 or 64 keys, the kept weights and masks) == autodiff of the dense computation with
+  the same masks."""
   q, _, _ = qkv(3, 13, 2, 8)
   _, k, v = qkv(3, 45, 2, 8)
   mask = lengths_to_mask(LENGTHS, 45)
   rng = jax.random.PRNGKey(7)
-  keep = block_masks(rng, rate, (3, 2, 13), 16, 45) if rate else None
+  keep = block_masks(rng, rate, (3, 2, 13), min(key_block, 45), 45) if rate else None
   cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
   dense = lambda q, k, v: jnp.sum(dense_with_keep(q, k, v, mask, keep) * cotangent)
   block = lambda q, k, v: jnp.sum(
-      blockwise_attention(q, k, v, mask, 16, rate, rng if rate else None) * cotangent)
+      blockwise_attention(q, k, v, mask, key_block, rate, rng if rate else None) * cotangent)
   np.testing.assert_allclose(block(q, k, v), dense(q, k, v), rtol=1e-5)
   for got, want in zip(jax.grad(block, (0, 1, 2))(q, k, v), jax.grad(dense, (0, 1, 2))(q, k, v)):
     np.testing.assert_allclose(got, want, atol=2e-5)
