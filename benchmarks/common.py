@@ -34,18 +34,40 @@ def machine() -> dict:
   return info
 
 
-def executable_stats(exe) -> dict:
-  """XLA's compiled memory (bytes) and FLOPs of a compiled executable."""
-  memory = exe.memory_analysis()
-  cost = exe.cost_analysis()
+def _flops(cost) -> float:
   if isinstance(cost, list):
     cost = cost[0] if cost else {}
+  return float((cost or {}).get("flops", 0.0))
+
+
+def lowered_flops(lowered) -> float:
+  """XLA's FLOPs of a lowered, not yet optimised program (`jax.jit(f).lower(...)`).
+
+  The figure the train step's utilisation divides by. On CPU it is within 1% of the compiled
+  program's count (s2t_transformer_s update, batch 40: 1341.7 vs 1342.5 GFLOP; batch 8:
+  s2t_v2 259.2 vs 261.5, h_lc_nodown 999.5 vs 1005.3, multiformer_s_nodown 1045.6 vs 1054.0).
+  On a GPU the compiled count leaves out the matmuls XLA has rewritten into library calls
+  (0.37 of 1.34 TFLOP for that update on an H100; jax-ml/jax#22249), which made the GPU MFU
+  figures of 2026-11-22/23 several times too low. Like the compiled count, it counts a loop
+  body once.
+
+  It is not the compiled count everywhere: for single attention kinds at n = 512 (CPU) the
+  lowered count of local bands is 16-17% higher and of conv-compressed heads 17-25% lower
+  (XLA rewrites those before counting), so benchmarks/attention.py keeps the compiled count,
+  measured on CPU."""
+  return _flops(lowered.cost_analysis())
+
+
+def executable_stats(exe) -> dict:
+  """XLA's compiled memory (bytes) and FLOPs of a compiled executable (FLOPs: on a GPU they
+  leave out library matmuls, see lowered_flops)."""
+  memory = exe.memory_analysis()
   size = lambda name: int(getattr(memory, name, 0) or 0)
   return {"temp_bytes": size("temp_size_in_bytes"),
           "argument_bytes": size("argument_size_in_bytes"),
           "output_bytes": size("output_size_in_bytes"),
           "alias_bytes": size("alias_size_in_bytes"),
-          "flops": float((cost or {}).get("flops", 0.0))}
+          "flops": _flops(exe.cost_analysis())}
 
 
 @contextlib.contextmanager
@@ -81,10 +103,18 @@ def time_call(fn, *args, repeats: int = 3, warmup: int = 1, max_seconds: float =
   return statistics.median(times)
 
 
-def matmul_peak(size: int = 2048, dtype=jnp.float32, repeats: int = 5) -> float:
-  """Measured FLOP/s of a large square matmul: the denominator of the utilisation figures."""
+def matmul_peak(size: int = 2048, dtype=jnp.float32, repeats: int = 5,
+                warmup_seconds: float = 0.0) -> float:
+  """Measured FLOP/s of a large square matmul: the denominator of the utilisation figures.
+
+  `warmup_seconds` keeps the device multiplying that long before the timing: a GPU raises its
+  clock under load over about a second, and five products after one warm-up call read
+  between 252 and 675 TFLOP/s on the same H100 (bf16, 8192)."""
   a = jnp.asarray(np.random.default_rng(0).normal(size=(size, size)), dtype)
   fn = jax.jit(lambda x, y: x @ y)
+  start = time.perf_counter()
+  while time.perf_counter() - start < warmup_seconds:
+    jax.block_until_ready(fn(a, a))
   seconds = time_call(fn, a, a, repeats=repeats)
   return 2 * size ** 3 / seconds
 

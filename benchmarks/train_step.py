@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
-                               machine, matmul_peak)
+                               lowered_flops, machine, matmul_peak)
 from multiformer_jax import build_model, train  # noqa: E402
 from multiformer_jax.model_config import DROPOUT_RATES  # noqa: E402
 from multiformer_jax.parallel import DataParallel  # noqa: E402
@@ -83,15 +83,16 @@ def model_flops(config, batch) -> float:
   a fraction of their work, and it counts the integer operations of the dropout masks' hash
   (multiformer_jax/dropout.py; ~22 GFLOP of 300 in an s2t_transformer_s update), which are not
   model arithmetic. The memory options' recomputation is not counted (model FLOPs, as in MFU);
-  local heads, which always loop, are compiled as one chunk (their backward's recomputed
-  q k^T is counted)."""
+  local heads, which always loop, are traced as one chunk (their backward's recomputed
+  q k^T is counted). The count is the lowered program's (common.lowered_flops: right on a GPU
+  too, and no second compilation)."""
   counted = copy.deepcopy(config)
   counted.model.key_block_size, counted.model.ffn_token_chunk = 0, 0
   for rate in DROPOUT_RATES:
     counted.model[rate] = 0.0
   with local_heads_in_one_chunk():
     _, step, state, _ = setup(counted)
-    return step_stats(step, abstract(state), abstract(batch))["flops"]
+    return lowered_flops(step.lower(abstract(state), abstract(batch), True, True))
 
 
 def memory_options(model) -> dict:
@@ -120,6 +121,9 @@ def main(argv=None):
   parser.add_argument("--memory_configs", default="h_lc_nodown,multiformer_s_nodown,"
                                                   "s2t_transformer_s_nodown")
   parser.add_argument("--skip_timing", action="store_true")
+  parser.add_argument("--flops_only", action="store_true",
+                      help="only the model FLOPs of one update of each of --configs at --batch "
+                           "x --frames (traced, not compiled: a GPU's figure, on any machine)")
   parser.add_argument("--peak_size", type=int, default=2048,
                       help="matmul size for the peak (8192 on a GPU)")
   parser.add_argument("--trace_dir", default="",
@@ -127,8 +131,20 @@ def main(argv=None):
                            "each timed config under this folder (summary: "
                            "benchmarks/trace_summary.py)")
   args = parser.parse_args(argv)
+  if args.flops_only:
+    results = Results(args.out, {**machine(), **vars(args), "command": " ".join(sys.argv)})
+    for name in args.configs.split(","):
+      config = load_config(name, args.dtype)
+      batch = abstract(make_batch(args.batch, args.frames, args.tokens, config.model.input_dim,
+                                  8000))
+      results.add(config=name, layout=config.model.encoder_layout,
+                  batch=f"{args.batch} x {args.frames} frames, {args.tokens} tokens",
+                  flops=model_flops(config, batch))
+    return
+  on_gpu = jax.default_backend() == "gpu"
   peak = matmul_peak(args.peak_size,
-                     dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32)
+                     dtype=jnp.bfloat16 if args.dtype == "bfloat16" else jnp.float32,
+                     repeats=20 if on_gpu else 5, warmup_seconds=2.0 if on_gpu else 0.0)
   results = Results(args.out, {**machine(), **vars(args), "matmul_peak_flops": peak,
                                "command": " ".join(sys.argv)})
   print(f"measured matmul peak: {peak / 1e9:.1f} GFLOP/s", flush=True)
