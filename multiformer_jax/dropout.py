@@ -1,16 +1,21 @@
-"""Dropout with the masks of `jax.random.bernoulli`, drawn by a hash that XLA can fuse.
+"""Dropout whose masks come from a cheap counter hash that XLA fuses into the mask's consumer.
 
-JAX lowers its threefry2x32 hash on the CPU as a rolled while loop of five iterations (it
-saves compile time). Every iteration reads and writes both counter arrays at the mask's full
-size, and the loop keeps XLA from fusing the hash into the mask's consumer. In an
-s2t_transformer_s update on a 2-core CPU that made dropout about a quarter of the step
-(docs/benchmarks_notes.md, "Dropout masks"). Here the same hash is written out with jnp
-operations, which XLA fuses into one elementwise kernel together with the select.
+Each mask element hashes its row-major index under the two words of the layer's `jax.random`
+key (from flax's `dropout` rng stream, split and folded as usual): lowbias32(lowbias32(index ^
+word0) ^ word1), with lowbias32 the 32-bit integer finaliser of C. Wellons' hash-prospector
+(two xor-shift-multiply rounds and a final xor-shift). For a fixed key the map from index to
+bits is a bijection of the 32-bit integers; masks of different keys are independent to every
+test in tests/test_dropout.py (rates, uniformity of the bits, correlation between neighbours
+and between keys).
 
-The bits are exactly those of `jax.random.bits(key, shape)` (and the masks those of
-`jax.random.bernoulli`, and `Dropout` is `flax.linen.Dropout` draw for draw) for threefry keys
-with `jax_threefry_partitionable` on, the default since jax 0.5. Other keys, the older counter
-layout and masks of 2**32 elements or more fall back to `jax.random`.
+Why not `jax.random.bernoulli`: its threefry2x32 hash is 20 rounds of add-rotate-xor per
+element. Written out so that XLA fuses it (what this module did until 2026-11-24, with draws
+equal to flax.linen.Dropout's), a [2000, 2048] dropout took 4.9 ms on the 2-core CPU against
+1.3 ms with this hash and 1.2 ms for a plain multiplication by 2: the hash was 4% of an
+s2t_transformer_s update (docs/benchmarks_notes.md). Left in jax.random's rolled loop it was
+a quarter of the update. The masks are therefore not jax.random's draws: the same key gives
+other (equally distributed) masks. Keys of other PRNG implementations and masks of 2**32
+elements or more use `jax.random.bits`.
 
 `add_residual` is the residual add of the encoder and decoder layers: on the CPU it keeps XLA
 from recomputing these masks, and the stream's cotangent, once per later layer.
@@ -26,27 +31,16 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-# Threefry-2x32 with 20 rounds (Salmon et al., 2011), as in jax/_src/random/threefry2x32.py.
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_KEY_PARITY = np.uint32(0x1BD11BDA)
+# lowbias32 (hash-prospector, public domain): bias 0.17 by its author's avalanche measure.
+_LOWBIAS32_SHIFTS = (16, 15, 16)
+_LOWBIAS32_MULTIPLIERS = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
 
 
-def _rotate_left(x, bits: int):
-  return lax.shift_left(x, np.uint32(bits)) | lax.shift_right_logical(x, np.uint32(32 - bits))
-
-
-def threefry2x32(key0, key1, x0, x1):
-  """The threefry2x32 hash of the counter pairs (x0, x1) (uint32 arrays) under the key words
-  (key0, key1), unrolled: five groups of four rounds, each followed by a key injection."""
-  keys = (key0, key1, key0 ^ key1 ^ _KEY_PARITY)
-  x0, x1 = x0 + keys[0], x1 + keys[1]
-  for group in range(5):
-    for rotation in _ROTATIONS[group % 2]:
-      x0 = x0 + x1
-      x1 = x0 ^ _rotate_left(x1, rotation)
-    x0 = x0 + keys[(group + 1) % 3]
-    x1 = x1 + keys[(group + 2) % 3] + np.uint32(group + 1)
-  return x0, x1
+def lowbias32(x):
+  """The lowbias32 integer hash of a uint32 array (a bijection of the 32-bit integers)."""
+  for shift, multiplier in zip(_LOWBIAS32_SHIFTS, _LOWBIAS32_MULTIPLIERS):
+    x = (x ^ lax.shift_right_logical(x, np.uint32(shift))) * multiplier
+  return x ^ lax.shift_right_logical(x, np.uint32(_LOWBIAS32_SHIFTS[-1]))
 
 
 def _threefry_key_words(key):
@@ -63,23 +57,20 @@ def _threefry_key_words(key):
 
 
 def random_bits(key, shape) -> jax.Array:
-  """uint32[shape], equal to `jax.random.bits(key, shape)`.
-
-  For a threefry key the counters are the elements' row-major indices (the partitionable
-  layout), hashed and folded as x0 ^ x1, all in one fusable expression."""
+  """uint32[shape]: lowbias32(lowbias32(index ^ key word 0) ^ key word 1) of each element's
+  row-major index, one fusable elementwise expression (`jax.random.bits` for keys that are not
+  threefry keys and for 2**32 elements or more)."""
   shape = tuple(shape)
   words = _threefry_key_words(key)
-  size = math.prod(shape)
-  if words is None or not jax.config.jax_threefry_partitionable or size >= 2 ** 32:
+  if words is None or math.prod(shape) >= 2 ** 32:
     return jax.random.bits(key, shape, jnp.uint32)
-  counter = lax.iota(jnp.uint32, size).reshape(shape)     # row-major index; high word 0
-  x0, x1 = threefry2x32(words[0], words[1], jnp.zeros(shape, jnp.uint32), counter)
-  return x0 ^ x1
+  index = lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  return lowbias32(lowbias32(index ^ words[0]) ^ words[1])
 
 
 def bernoulli(key, p: float, shape) -> jax.Array:
-  """bool[shape], True with probability p: equal to `jax.random.bernoulli(key, p, shape)`
-  (a float32 uniform in [0, 1) from the top 23 bits, compared with p)."""
+  """bool[shape], True with probability p: a float32 uniform in [0, 1) from the top 23 bits of
+  `random_bits`, compared with p (jax.random.bernoulli's arithmetic on other bits)."""
   mantissa = lax.shift_right_logical(random_bits(key, shape), np.uint32(9))
   one = np.array(1.0, np.float32).view(np.uint32)
   uniform = lax.bitcast_convert_type(mantissa | one, jnp.float32) - np.float32(1.0)
@@ -138,7 +129,7 @@ _materialised_cotangent.defvjp(_materialised_fwd, _materialised_bwd)
 
 class Dropout(nn.Module):
   """`flax.linen.Dropout` (without broadcast_dims) with the fusable mask: the same key from
-  the `dropout` rng collection, the same mask, the same output."""
+  the `dropout` rng collection and the same arithmetic, other draws."""
   rate: float
 
   @nn.compact

@@ -10,6 +10,7 @@ from multiformer_jax import ModelConfig
 from multiformer_jax.attention import softmax_attention
 from multiformer_jax.attention.blockwise import blockwise_attention, dropout_keep_mask
 from multiformer_jax.attention.masks import lengths_to_mask
+from multiformer_jax.dropout import bernoulli
 from multiformer_jax.encoder import EncoderLayer
 from multiformer_jax.feedforward import FeedForward
 from multiformer_jax.model_config import ConfigError
@@ -184,9 +185,9 @@ def test_chunked_feedforward_dropout_gradients_match_an_unchunked_reference():
     for i, chunk in enumerate(flat):
       key = jax.random.fold_in(rng, i)
       h = jax.nn.relu(chunk @ w1 + b1)
-      h = jnp.where(jax.random.bernoulli(jax.random.fold_in(key, 0), 0.7, h.shape), h / 0.7, 0)
+      h = jnp.where(bernoulli(jax.random.fold_in(key, 0), 0.7, h.shape), h / 0.7, 0)
       y = h @ w2 + b2
-      out.append(jnp.where(jax.random.bernoulli(jax.random.fold_in(key, 1), 0.8, y.shape),
+      out.append(jnp.where(bernoulli(jax.random.fold_in(key, 1), 0.8, y.shape),
                            y / 0.8, 0))
     return jnp.concatenate(out)[:18].reshape(2, 9, 8)
 
