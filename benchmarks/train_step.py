@@ -79,13 +79,14 @@ def abstract(tree):
 
 def model_flops(config, batch) -> float:
   """XLA's FLOPs of one update of the model without the loop-based memory options and without
-  dropout: XLA counts a loop body once, so the blockwise softmax and the chunked FFN would show
-  a fraction of their work, and it counts the integer operations of the dropout masks' hash
-  (multiformer_jax/dropout.py; ~22 GFLOP of 300 in an s2t_transformer_s update), which are not
-  model arithmetic. The memory options' recomputation is not counted (model FLOPs, as in MFU);
-  local heads, which always loop, are traced as one chunk (their backward's recomputed
-  q k^T is counted). The count is the lowered program's (common.lowered_flops: right on a GPU
-  too, and no second compilation)."""
+  dropout: XLA counts a loop body once, so the blockwise softmax and the chunked FFN would
+  show a fraction of their work, and it counts the integer operations of the dropout masks'
+  hash (multiformer_jax/dropout.py; 2.6 GFLOP of 271.5 in an s2t_transformer_s update at batch
+  8, ~22 of 300 with the threefry hash before 2026-11-24), which are not model arithmetic. The
+  memory options' recomputation is not counted (model FLOPs, as in MFU); local heads, which
+  always loop, are traced as one chunk (their backward's recomputed q k^T is counted). The
+  count is the lowered program's (common.lowered_flops: right on a GPU too, and no second
+  compilation)."""
   counted = copy.deepcopy(config)
   counted.model.key_block_size, counted.model.ffn_token_chunk = 0, 0
   for rate in DROPOUT_RATES:

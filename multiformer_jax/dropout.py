@@ -62,9 +62,10 @@ def random_bits(key, shape) -> jax.Array:
   threefry keys and for 2**32 elements or more)."""
   shape = tuple(shape)
   words = _threefry_key_words(key)
-  if words is None or math.prod(shape) >= 2 ** 32:
+  size = math.prod(shape)
+  if words is None or size >= 2 ** 32:
     return jax.random.bits(key, shape, jnp.uint32)
-  index = lax.iota(jnp.uint32, math.prod(shape)).reshape(shape)
+  index = lax.iota(jnp.uint32, size).reshape(shape)
   return lowbias32(lowbias32(index ^ words[0]) ^ words[1])
 
 
