@@ -135,6 +135,11 @@ class Results:
 
 
 def read_results(path: str) -> tuple[dict, list[dict]]:
+  """(meta, rows) of a JSON-lines results file: meta is the first line's "meta" as `Results`
+  writes it, or {} for files without one (fairseq_train_step.py's, written in its own
+  environment)."""
   with open(path, encoding="utf-8") as f:
     lines = [json.loads(l) for l in f if l.strip()]
-  return lines[0]["meta"], lines[1:]
+  if lines and "meta" in lines[0]:
+    return lines[0]["meta"], lines[1:]
+  return {}, lines

@@ -21,14 +21,14 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from benchmarks.common import read_results  # noqa: E402
 
 
 def seconds_per_update(path: str) -> float:
   """The last measured row's seconds (train_step.py writes a meta line first, fairseq's script
   one row)."""
-  with open(path, encoding="utf-8") as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  measured = [row for row in rows if "seconds" in row]
+  measured = [row for row in read_results(path)[1] if "seconds" in row]
   if not measured:
     raise SystemExit(f"{path} holds no measurement; see its run's output above")
   return measured[-1]["seconds"]

@@ -8,7 +8,6 @@ target of the performance issue checked against the numbers of one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import sys
@@ -27,10 +26,6 @@ def _load(directory, name):
   path = os.path.join(directory, name)
   if not os.path.exists(path):
     return None, []
-  if name.startswith("fairseq"):
-    with open(path, encoding="utf-8") as f:
-      rows = [json.loads(l) for l in f if l.strip()]
-    return {}, rows
   return read_results(path)
 
 
