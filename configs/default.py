@@ -125,6 +125,8 @@ def get_config(arg=None):
   e.length_penalty = 1.0
   e.max_len_a = 0.0            # max target tokens = a * source frames + b
   e.max_len_b = 200
+  e.min_len = 1                # fairseq --min-len: EOS masked before this many tokens
+  e.unk_penalty = 0.0          # fairseq --unkpen: subtracted from <unk>'s log-probability
   e.batch_frames = 20000       # padded source frames per evaluation batch
   e.num_buckets = 4            # batch shapes when decoding (each compiles the beam search)
   e.after_training = False     # run.py evaluates every stage on data.test_split at the end

@@ -1,11 +1,30 @@
-"""Beam search (fairseq's semantics) over a cached `step_fn`, model-independent.
+"""Beam search with fairseq's `SequenceGenerator` semantics over a cached `step_fn`.
 
 step_fn(tokens [n, 1], index, cache) -> (logits [n, vocab], cache) for n = batch * beam
-hypotheses. Scores are sums of log-probabilities; a finished hypothesis of L tokens (EOS
-included) is ranked by score / L ** length_penalty. As in fairseq: EOS is not allowed at the
-first step, pad and BOS are never produced, an utterance stops once `beam` hypotheses are
-finished, and after its maximum length max_len = a * source_frames + b tokens EOS is forced
-(so a hypothesis has at most max_len + 1 tokens with its EOS).
+hypotheses (row b * beam + k is beam k of utterance b). The search follows fairseq 0.12.2's
+`SequenceGenerator._generate` with `search.BeamSearch`, step for step:
+
+- every step takes the best 2 * beam candidates over beam x vocab (at step 0 only beam 0, all
+  beams being equal); candidate scores are sums of natural-log probabilities;
+- an EOS candidate is finalised only when it is among the top `beam` candidates (the first
+  `beam` columns), in column order, into the utterance's free slots; EOS candidates further
+  down are dropped. The next step continues the first `beam` candidates that are not EOS;
+- a finished hypothesis of L tokens (EOS included) scores sum(log p) / L ** length_penalty;
+- an utterance stops when `beam` hypotheses are finalised or at step max_len, where every token
+  but EOS is masked (a hypothesis has at most max_len + 1 tokens with its EOS);
+- pad is never produced; EOS is masked at steps < min_len (fairseq's `--min-len`, default 1)
+  unless a prefix token is forced at that step; prefix tokens (fairseq's `--prefix-size`) force
+  the first tokens, a pad in the prefix leaves that step free; `unk_penalty` is subtracted from
+  the unknown token's log-probability;
+- the best hypothesis is the finalised one with the highest normalised score.
+
+Deliberate differences from fairseq (tests/test_decode.py checks the search against a
+transcription of fairseq's with these two switched on, and identical otherwise):
+- BOS (`<s>`) is masked like pad (`mask_bos`): fairseq can emit it, though no target has it;
+- max_len is per utterance, from its own number of frames, so that an utterance's output does
+  not depend on what it is batched with (fairseq computes one max_len from the batch's padded
+  length). With max_len_a = 0, the speech recipes' setting, the two coincide.
+A prefix containing EOS (fairseq's replicate-first-beam case) is not supported.
 """
 
 from __future__ import annotations
@@ -13,7 +32,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-NEG_INF = -1.0e9
+NEG_INF = -jnp.inf
 
 
 def _gather_beams(x, beam_indices):
@@ -21,77 +40,127 @@ def _gather_beams(x, beam_indices):
   return jax.vmap(lambda row, idx: row[idx])(x, beam_indices)
 
 
+def _first_k(mask, k: int):
+  """Column indices of the first k True entries of each row of mask [batch, n], in order
+  (rows with fewer than k take False columns after them, in order): [batch, k]."""
+  n = mask.shape[1]
+  order = jnp.where(mask, 0, n) + jnp.arange(n)[None, :]      # True columns sort first
+  return jax.lax.top_k(-order, k)[1]
+
+
+def _step_log_probs(logits, i, max_lengths, *, vocab, eos_id, pad_id, bos_id, unk_id,
+                    unk_penalty, mask_bos, min_len, prefix_tokens):
+  """fairseq's per-step masking of lprobs [batch, beam, vocab] at step i."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32))
+  logp = jnp.where(jnp.isnan(logp), NEG_INF, logp)
+  ids = jnp.arange(vocab)[None, None, :]
+  never = ids == pad_id
+  if mask_bos:
+    never = never | (ids == bos_id)
+  logp = jnp.where(never, NEG_INF, logp)
+  if unk_penalty:
+    logp = jnp.where(ids == unk_id, logp - unk_penalty, logp)
+  is_eos = ids == eos_id
+  at_max = (i >= max_lengths)[:, None, None]                      # only EOS is left
+  logp = jnp.where(at_max & ~is_eos, NEG_INF, logp)
+  # fairseq forces a prefix at steps < P (and < max_len) and applies min_len only elsewhere.
+  forcing = jnp.zeros_like(max_lengths, bool)
+  if prefix_tokens is not None:
+    prefix_len = prefix_tokens.shape[1]
+    forcing = (i < prefix_len) & (i < max_lengths)                  # [batch]
+    forced = prefix_tokens[:, jnp.minimum(i, prefix_len - 1)]       # [batch]
+    constrain = (forcing & (forced != pad_id))[:, None, None]
+    logp = jnp.where(constrain & (ids != forced[:, None, None]), NEG_INF, logp)
+  below_min = ((i < min_len) & ~forcing)[:, None, None]
+  return jnp.where(below_min & is_eos, NEG_INF, logp)
+
+
 def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengths, vocab: int,
                 eos_id: int = 2, pad_id: int = 1, bos_id: int = 0,
-                length_penalty: float = 1.0, prefix_tokens=None):
-  """Returns (tokens [batch, max_steps] padded with pad_id after EOS, scores [batch]).
+                length_penalty: float = 1.0, prefix_tokens=None, *, min_len: int = 1,
+                unk_id: int = 3, unk_penalty: float = 0.0, mask_bos: bool = True,
+                normalize_scores: bool = True, nbest: bool = False):
+  """Returns (tokens [batch, max_steps] padded with pad_id, EOS stripped, scores [batch]): the
+  best hypothesis of each utterance and its normalised score. With nbest=True, all `beam`
+  finalised hypotheses best first: (tokens [batch, beam, max_steps], scores [batch, beam]).
 
-  prefix_tokens: optional [batch] token forced as each hypothesis's first token (fairseq's
-  --prefix-size 1, e.g. a target-language tag); its log-probability still counts.
-
-  cache: the decoder cache for batch * beam rows (row b * beam + k is beam k of utterance b),
-  at least max_steps long. max_lengths: [batch] int, fairseq's max_len per utterance (tokens
-  before EOS); clipped to max_steps - 1, max_steps being the static number of decoder steps.
+  cache: the decoder cache for batch * beam rows, at least max_steps long. max_lengths: [batch]
+  int, fairseq's max_len per utterance (tokens before EOS), clipped to max_steps - 1, max_steps
+  being the static number of decoder steps. prefix_tokens: optional [batch] or [batch, P] tokens
+  forced as each hypothesis's first tokens (e.g. a target-language tag; pad = not forced); their
+  log-probabilities count in the score, as in fairseq.
   """
+  if 2 * beam > vocab - 1:
+    raise ValueError(f"beam {beam} needs a vocabulary of at least {2 * beam + 1} tokens "
+                     f"(2 x beam candidates, pad excluded); this one has {vocab}")
+  if prefix_tokens is not None:
+    prefix_tokens = jnp.asarray(prefix_tokens, jnp.int32)
+    if prefix_tokens.ndim == 1:
+      prefix_tokens = prefix_tokens[:, None]                        # [batch, P]
   length = max_steps + 1                    # position 0 holds the start token (EOS)
+  max_lengths = jnp.minimum(jnp.asarray(max_lengths, jnp.int32), max_steps - 1)
+  mask = dict(vocab=vocab, eos_id=eos_id, pad_id=pad_id, bos_id=bos_id, unk_id=unk_id,
+              unk_penalty=unk_penalty, mask_bos=mask_bos, min_len=min_len,
+              prefix_tokens=prefix_tokens)
+
   alive_seq = jnp.full((batch, beam, length), pad_id, jnp.int32).at[:, :, 0].set(eos_id)
-  alive_logp = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam - 1)), (batch, 1))  # [b, k]
+  # Step 0 extends beam 0 only (fairseq: lprobs[:, ::beam_size]): the other beams start at -inf.
+  alive_score = jnp.tile(jnp.array([0.0] + [NEG_INF] * (beam - 1)), (batch, 1))   # [b, k]
   finished_seq = alive_seq
   finished_score = jnp.full((batch, beam), NEG_INF)
-  max_lengths = jnp.minimum(jnp.asarray(max_lengths, jnp.int32), max_steps - 1)
-
-  def done(finished_score, i):
-    full = jnp.all(finished_score > NEG_INF / 2, axis=1)      # `beam` hypotheses finished
-    return full | (i > max_lengths)
+  finished_count = jnp.zeros((batch,), jnp.int32)
+  done = jnp.zeros((batch,), bool)
 
   def cond(state):
-    i, _, _, _, finished_score, _ = state
-    return (i < max_steps) & ~jnp.all(done(finished_score, i))
+    i, done = state[0], state[-2]
+    return (i < max_steps) & ~jnp.all(done)
 
   def body(state):
-    i, alive_seq, alive_logp, finished_seq, finished_score, cache = state
+    i, alive_seq, alive_score, finished_seq, finished_score, finished_count, done, cache = state
     tokens = alive_seq[:, :, i].reshape(batch * beam, 1)
     logits, cache = step_fn(tokens, i, cache)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32)).reshape(batch, beam, vocab)
-    logp = logp.at[:, :, pad_id].set(NEG_INF).at[:, :, bos_id].set(NEG_INF)
-    last = (i >= max_lengths)[:, None, None]                          # must end now
-    is_eos = (jnp.arange(vocab) == eos_id)[None, None, :]
-    logp = jnp.where(last & ~is_eos, NEG_INF, logp)
-    logp = jnp.where((i == 0) & is_eos, NEG_INF, logp)               # min length 1
-    if prefix_tokens is not None:
-      forced = jnp.arange(vocab)[None, None, :] == prefix_tokens[:, None, None]
-      logp = jnp.where((i == 0) & ~forced, NEG_INF, logp)
-    candidates = (alive_logp[:, :, None] + logp).reshape(batch, beam * vocab)
-    cand_score, cand_index = jax.lax.top_k(candidates, 2 * beam)      # [b, 2k]
+    logp = _step_log_probs(logits.reshape(batch, beam, vocab), i, max_lengths, **mask)
+    candidates = (alive_score[:, :, None] + logp).reshape(batch, beam * vocab)
+    cand_score, cand_index = jax.lax.top_k(candidates, 2 * beam)       # [b, 2k], best first
     parent, token = cand_index // vocab, cand_index % vocab
-    cand_seq = _gather_beams(alive_seq, parent).at[:, :, i + 1].set(token)  # [b, 2k, L]
-    cand_eos = token == eos_id
+    cand_seq = _gather_beams(alive_seq, parent).at[:, :, i + 1].set(token)   # [b, 2k, L]
+    eos = (token == eos_id) & (cand_score > NEG_INF)                      # [b, 2k]
 
-    # Finished: EOS candidates, ranked by the length-normalised score.
-    normalised = cand_score / ((i + 1).astype(jnp.float32) ** length_penalty)
-    pool_score = jnp.concatenate([finished_score,
-                                  jnp.where(cand_eos, normalised, NEG_INF)], axis=1)
-    pool_seq = jnp.concatenate([finished_seq, cand_seq], axis=1)
-    new_score, keep = jax.lax.top_k(pool_score, beam)
-    new_seq = _gather_beams(pool_seq, keep)
-    stop = done(finished_score, i)[:, None]              # finished utterances stay as they are
-    finished_score = jnp.where(stop, finished_score, new_score)
-    finished_seq = jnp.where(stop[..., None], finished_seq, new_seq)
+    # Finalise EOS candidates among the top `beam`, in column order, into the free slots.
+    final = eos & (jnp.arange(2 * beam) < beam)[None, :] & ~done[:, None]
+    slot = finished_count[:, None] + jnp.cumsum(final, axis=1) - 1       # [b, 2k]
+    write = final & (slot < beam)
+    score = cand_score / ((i + 1).astype(jnp.float32) ** length_penalty) \
+        if normalize_scores else cand_score
+    hit = write[:, :, None] & (slot[:, :, None] == jnp.arange(beam)[None, None, :])  # [b,2k,k]
+    source = jnp.argmax(hit, axis=1)                                     # [b, k]
+    filled = jnp.any(hit, axis=1)                                        # [b, k]
+    finished_score = jnp.where(filled, _gather_beams(score, source), finished_score)
+    finished_seq = jnp.where(filled[..., None], _gather_beams(cand_seq, source), finished_seq)
+    finished_count = jnp.minimum(finished_count + jnp.sum(final, axis=1), beam)
+    done = done | (finished_count == beam) | (i >= max_lengths)
 
-    # Alive: the best non-EOS candidates; the cache follows their parents.
-    alive_score, keep = jax.lax.top_k(jnp.where(cand_eos, NEG_INF, cand_score), beam)
-    alive_seq = _gather_beams(cand_seq, keep)
-    rows = (jnp.arange(batch)[:, None] * beam + _gather_beams(parent, keep)).reshape(-1)
+    # Continue the first `beam` candidates that are not EOS; the cache follows their parents.
+    active = _first_k(~eos, beam)                                        # [b, k]
+    alive_seq = _gather_beams(cand_seq, active)
+    alive_score = _gather_beams(cand_score, active)
+    rows = (jnp.arange(batch)[:, None] * beam + _gather_beams(parent, active)).reshape(-1)
     cache = jax.tree_util.tree_map(lambda x: x[rows], cache)
-    return i + 1, alive_seq, alive_score, finished_seq, finished_score, cache
+    return (i + 1, alive_seq, alive_score, finished_seq, finished_score, finished_count, done,
+            cache)
 
-  state = (jnp.array(0), alive_seq, alive_logp, finished_seq, finished_score, cache)
-  _, _, _, finished_seq, finished_score, _ = jax.lax.while_loop(cond, body, state)
-  best = jnp.argmax(finished_score, axis=1)                                  # [b]
-  tokens = jnp.take_along_axis(finished_seq, best[:, None, None], axis=1)[:, 0, 1:]
-  after_eos = jnp.cumsum(tokens == eos_id, axis=1) - (tokens == eos_id) > 0
-  tokens = jnp.where(after_eos | (tokens == eos_id), pad_id, tokens)         # strip EOS
-  return tokens, jnp.max(finished_score, axis=1)
+  state = (jnp.array(0), alive_seq, alive_score, finished_seq, finished_score, finished_count,
+           done, cache)
+  _, _, _, finished_seq, finished_score, _, _, _ = jax.lax.while_loop(cond, body, state)
+  order = jnp.argsort(-finished_score, axis=1, stable=True)              # best first
+  finished_seq = _gather_beams(finished_seq, order)[:, :, 1:]             # [b, k, max_steps]
+  finished_score = _gather_beams(finished_score, order)
+  is_eos = finished_seq == eos_id
+  after_eos = jnp.cumsum(is_eos, axis=2) > 0
+  tokens = jnp.where(after_eos, pad_id, finished_seq)                     # strip EOS
+  if nbest:
+    return tokens, finished_score
+  return tokens[:, 0], finished_score[:, 0]
 
 
 def max_target_lengths(source_frames, a: float, b: int, limit: int):

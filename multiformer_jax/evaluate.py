@@ -2,6 +2,7 @@
 
     python -m multiformer_jax.evaluate --workdir runs/v2 --stage st --split tst-COMMON \
         [--checkpoint average|best|latest] [--average_last 10] [--beam 5] [--lenpen 1.0]
+        [--min_len 1]
 
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
 utterance of the split once, and writes `{workdir}/{stage}/eval_{split}/`: hyp.txt and
@@ -30,9 +31,10 @@ from multiformer_jax.train_log import setup_logging
 
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
-                   max_len_b: int):
+                   max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0):
   """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
-  [batch, steps] (pad after the end).
+  [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
+  max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
 
   tasks: [batch] task ids (multi-task models); prefix: [batch] forced first tokens (target-
   language tags); key: the PRNG key of `noisy` head-selection inference.
@@ -64,7 +66,8 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
     max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
     tokens, _ = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
                                    cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
-                                   length_penalty, prefix)
+                                   length_penalty, prefix, min_len=min_len,
+                                   unk_penalty=unk_penalty)
     return tokens
   return jax.jit(translate)
 
@@ -120,7 +123,8 @@ def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict
 
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
                    average_last: int | None = None, beam: int | None = None,
-                   length_penalty: float | None = None, progress: bool = True) -> dict:
+                   length_penalty: float | None = None, progress: bool = True,
+                   min_len: int | None = None) -> dict:
   log = setup_logging()
   e = config.eval
   checkpoint = checkpoint or e.checkpoint
@@ -143,7 +147,10 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   params = jax.tree_util.tree_map(jnp.asarray, params)
   log.info("evaluating %s on %s (%d utterances) with %s, beam %d", stage, split, len(data),
            which, beam)
-  translate = make_translate(model, beam, length_penalty, e.max_len_a, e.max_len_b)
+  min_len = e.get("min_len", 1) if min_len is None else min_len
+  unk_penalty = e.get("unk_penalty", 0.0)
+  translate = make_translate(model, beam, length_penalty, e.max_len_a, e.max_len_b, min_len,
+                             unk_penalty)
   start = time.time()
   hypotheses = decode_split(params, batcher, translate, progress, task_tag, config.train.seed)
   references = data.references
@@ -157,7 +164,8 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   result = {"stage": stage, "split": split, "utterances": len(data), **overall,
             "by_tag": per_tag, "task_tag": task_tag,
             "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
-            "max_len": f"{e.max_len_a} * frames + {e.max_len_b}",
+            "max_len": f"{e.max_len_a} * frames + {e.max_len_b}", "min_len": min_len,
+            "unk_penalty": unk_penalty, "search": "fairseq 0.12.2 beam search",
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
@@ -179,10 +187,13 @@ def main(argv=None):
   parser.add_argument("--average_last", type=int, default=None)
   parser.add_argument("--beam", type=int, default=None)
   parser.add_argument("--lenpen", type=float, default=None)
+  parser.add_argument("--min_len", type=int, default=None,
+                      help="fairseq --min-len: no EOS before this many tokens (default 1)")
   args = parser.parse_args(argv)
   config = ckpt_lib.load_config(args.workdir)
   result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
-                          args.checkpoint, args.average_last, args.beam, args.lenpen)
+                          args.checkpoint, args.average_last, args.beam, args.lenpen,
+                          min_len=args.min_len)
   print(json.dumps(result, indent=1, ensure_ascii=False))
 
 

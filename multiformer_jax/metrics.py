@@ -51,21 +51,23 @@ def normalize_for_wer(text: str) -> list[str]:
 
 
 def corpus_wer(hypotheses: list[str], references: list[str]) -> dict:
-  """Corpus-level WER: total edit distance over total reference words, x100."""
+  """fairseq's corpus WER (`scoring/wer.py` with --wer-tokenizer 13a --wer-remove-punct
+  --wer-lowercase): total word edit distance over total reference words, x100. A reference that
+  is empty after normalisation adds no words but its hypothesis's words count as insertions."""
   import jiwer  # pylint: disable=import-outside-toplevel
+  if len(hypotheses) != len(references):
+    raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
   refs = [" ".join(normalize_for_wer(r)) for r in references]
   hyps = [" ".join(normalize_for_wer(h)) for h in hypotheses]
-  keep = [i for i, r in enumerate(refs) if r]
-  if not keep:
+  words = sum(len(r.split()) for r in refs)
+  if not words:
     raise ValueError("every reference is empty after WER normalisation")
-  # jiwer rejects empty hypotheses: an empty hypothesis costs one deletion per reference word.
-  empty = [i for i in keep if not hyps[i]]
-  edits = sum(len(refs[i].split()) for i in empty)
-  scored = [i for i in keep if hyps[i]]
+  # jiwer takes neither an empty reference nor an empty hypothesis: those cost one edit a word.
+  edits = sum(len(h.split()) + len(r.split()) for h, r in zip(hyps, refs) if not (h and r))
+  scored = [i for i, (h, r) in enumerate(zip(hyps, refs)) if h and r]
   if scored:
     out = jiwer.process_words([refs[i] for i in scored], [hyps[i] for i in scored])
     edits += out.substitutions + out.deletions + out.insertions
-  words = sum(len(refs[i].split()) for i in keep)
   return {"wer": round(100.0 * edits / words, 2), "edits": int(edits), "words": int(words),
-          "normalisation": "13a tokens, punctuation-only tokens dropped, lowercased"}
-
+          "normalisation": "13a tokens, punctuation-only tokens dropped, lowercased (fairseq "
+                           "--wer-tokenizer 13a --wer-remove-punct --wer-lowercase)"}

@@ -1,8 +1,9 @@
-"""Beam search on scripted logits: EOS, length penalty, maximum length, cache reordering."""
+"""Beam search: scripted cases (EOS, length penalty, maximum length), and n-best lists against a\ntranscription of fairseq 0.12.2's SequenceGenerator on random decoders."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from multiformer_jax.decode import beam_search
 
@@ -53,15 +54,15 @@ def test_prefers_the_likelier_finished_hypothesis_and_strips_eos():
 
 
 def test_length_penalty_trades_length_for_probability():
-  # Short: [3, EOS] p = 0.5 * 0.3 = 0.15 (len 2); long: [4, 5, EOS] p = 0.5 * 1 * 0.25 (len 3)
+  # Short: [3, EOS] p = 0.5 * 0.8 = 0.4 (len 2); long: [4, 5, EOS] p = 0.5 * 1 * 0.6 (len 3).
+  # Each EOS is among the top `beam` candidates of its step, so both are finalised.
   table = [probs({EOS: {3: 0.5, 4: 0.5}}),
-           probs({3: {EOS: 0.3, 5: 0.7}, 4: {5: 1.0}}),
-           probs({5: {EOS: 0.25, 3: 0.75}}),
-           probs({3: {EOS: 1e-6, 3: 1.0}})] + [probs({3: {EOS: 1e-6, 3: 1.0}})] * 2
+           probs({3: {EOS: 0.8, 5: 0.2}, 4: {5: 1.0}}),
+           probs({5: {EOS: 0.6, 3: 0.4}})] + [probs({})] * 3
   short, _ = run(table, beam=2, lenpen=0.0)
   long, _ = run(table, beam=2, lenpen=1.0)
-  assert short[0].tolist()[:2] == [3, PAD]       # log 0.15 = -1.90 > log 0.125 = -2.08
-  assert long[0].tolist()[:3] == [4, 5, PAD]     # -2.08 / 3 = -0.69 > -1.90 / 2 = -0.95
+  assert short[0].tolist()[:2] == [3, PAD]       # log 0.4 = -0.92 > log 0.3 = -1.20
+  assert long[0].tolist()[:3] == [4, 5, PAD]     # -1.20 / 3 = -0.40 > -0.92 / 2 = -0.46
 
 
 def test_eos_is_forced_after_max_len_and_never_first():
@@ -80,3 +81,116 @@ def test_batched_utterances_are_independent():
   batched, _ = run(table, lenpen=0.0, batch=3)
   for row in batched:
     np.testing.assert_array_equal(row, single[0])
+
+
+# --- against a transcription of fairseq 0.12.2's SequenceGenerator (tests/fairseq_beam_reference)
+
+from tests import fairseq_beam_reference as fairseq  # noqa: E402
+
+HASH_ROWS = 4093
+
+
+class HashedPrefixDecoder:
+  """A random 'decoder' whose log-probabilities are a fixed random table row chosen by a hash of
+  the utterance and the whole token prefix, plus an EOS bonus growing with the step, so that
+  hypotheses end at different steps. The JAX step function carries the hash in its cache (so
+  the search's cache reordering is exercised); the numpy side recomputes it from the prefix."""
+
+  def __init__(self, seed: int, batch: int, vocab: int, eos_slope: float = 0.5):
+    rng = np.random.default_rng(seed)
+    self.table = (rng.normal(size=(HASH_ROWS, vocab)) * 2.0).astype(np.float32)
+    self.start = rng.integers(0, HASH_ROWS, size=batch)
+    self.eos_slope, self.eos_offset = eos_slope, float(rng.uniform(2, 5))
+
+  def eos_bonus(self, step):
+    return self.eos_slope * (step - self.eos_offset)
+
+  def numpy_lprobs(self, tokens, sentences):            # tokens [n, step + 1]
+    h = self.start[sentences]
+    for t in range(tokens.shape[1]):
+      h = (h * 31 + tokens[:, t] + 1) % HASH_ROWS
+    logits = self.table[h].astype(np.float64)
+    logits[:, EOS] += self.eos_bonus(tokens.shape[1] - 1)
+    logits -= logits.max(axis=1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+  def jax_step(self, beam):
+    table = jnp.asarray(self.table)
+
+    def step_fn(tokens, i, cache):
+      h = (cache * 31 + tokens[:, 0] + 1) % HASH_ROWS
+      logits = table[h].at[:, EOS].add(self.eos_bonus(i))
+      return logits, h
+    return step_fn, jnp.asarray(np.repeat(self.start, beam), jnp.int32)
+
+
+def search_both(seed, beam, max_len, lenpen=1.0, batch=4, vocab=16, min_len=1, unk_penalty=0.0,
+                prefix=None, eos_slope=0.5):
+  """(ours, fairseq's): n-best lists per utterance as (tokens without EOS, score)."""
+  model = HashedPrefixDecoder(seed, batch, vocab, eos_slope)
+  step_fn, cache = model.jax_step(beam)
+  max_lens = np.asarray(max_len if np.ndim(max_len) else [max_len] * batch)
+  max_steps = int(max_lens.max()) + 1
+  tokens, scores = jax.jit(lambda c: beam_search(
+      step_fn, c, batch, beam, max_steps, jnp.asarray(max_lens), vocab, EOS, PAD, BOS, lenpen,
+      None if prefix is None else jnp.asarray(prefix), min_len=min_len, unk_penalty=unk_penalty,
+      nbest=True))(cache)
+  ours = []
+  for row_tokens, row_scores in zip(np.asarray(tokens), np.asarray(scores)):
+    ours.append([(row_tokens[k][row_tokens[k] != PAD].tolist(), float(row_scores[k]))
+                 for k in range(beam) if np.isfinite(row_scores[k])])
+  finalized = fairseq.generate(
+      model.numpy_lprobs, batch, beam, vocab, max_len, eos=EOS, pad=PAD, unk=3,
+      min_len=min_len, len_penalty=lenpen, unk_penalty=unk_penalty, prefix_tokens=prefix,
+      never_select=(BOS,))
+  theirs = [[(h["tokens"][:-1].tolist(), h["score"]) for h in hypos] for hypos in finalized]
+  return ours, theirs
+
+
+def assert_same_nbest(ours, theirs):
+  for utterance, (mine, ref) in enumerate(zip(ours, theirs)):
+    assert [t for t, _ in mine] == [t for t, _ in ref], f"utterance {utterance}"
+    np.testing.assert_allclose([s for _, s in mine], [s for _, s in ref], atol=1e-5,
+                               err_msg=f"utterance {utterance}")
+
+
+@pytest.mark.parametrize("beam,lenpen,max_len", [
+    (1, 1.0, 12), (1, 0.0, 5), (2, 1.0, 12), (2, 0.5, 3), (5, 1.0, 12), (5, 0.0, 12),
+    (5, 2.0, 7), (3, 1.0, 1)])
+def test_matches_fairseq_sequence_generator(beam, lenpen, max_len):
+  for seed in range(3):
+    ours, theirs = search_both(seed, beam, max_len, lenpen)
+    assert_same_nbest(ours, theirs)
+
+
+def test_matches_fairseq_with_min_len_unk_penalty_and_per_utterance_max_len():
+  for seed in range(3):
+    assert_same_nbest(*search_both(seed, 3, 10, min_len=4, eos_slope=1.0))
+    assert_same_nbest(*search_both(seed, 2, 10, unk_penalty=1.5))
+    assert_same_nbest(*search_both(seed, 2, [4, 9, 2, 12]))
+
+
+def test_matches_fairseq_with_prefix_tokens():
+  prefix = np.array([[5, 7], [9, PAD], [4, 4], [6, 8]])       # pad: this step is free
+  for seed in range(3):
+    ours, theirs = search_both(seed, 2, 10, prefix=prefix)
+    assert_same_nbest(ours, theirs)
+    assert all(h[0][:2] == [5, 7] for h in theirs[0])
+  single, theirs = search_both(0, 2, 10, prefix=prefix[:, 0])
+  assert_same_nbest(single, theirs)
+
+
+def test_eos_outside_the_top_beam_is_not_finalised():
+  # beam 1: token 3 (p 0.6) beats EOS (p 0.4) after 4; then 3 -> EOS. Finalising the runner-up
+  # EOS would end the search at [4] with score log(0.5 * 0.4).
+  table = [probs({EOS: {4: 0.5, 5: 0.5}}),
+           probs({4: {3: 0.6, EOS: 0.4}, 5: {3: 0.6, EOS: 0.4}}),
+           probs({3: {EOS: 1.0}})] + [probs({})] * 3
+  tokens, scores = run(table, beam=1, lenpen=0.0)
+  assert tokens[0].tolist()[:3] == [4, 3, PAD]
+  np.testing.assert_allclose(scores[0], np.log(0.5 * 0.6), atol=1e-5)
+
+
+def test_beam_larger_than_the_vocabulary_allows_is_refused():
+  with pytest.raises(ValueError, match=r"beam 3 needs a vocabulary of at least 7"):
+    run([probs({})] * 3, beam=3)
