@@ -90,6 +90,10 @@ def get_config(arg=None):
   d.max_source_frames = 3000
   d.cmvn = "utterance"         # utterance | global | none
   d.specaugment = True         # fairseq "lb" policy, training split only
+  d.loader_workers = -1        # background processes assembling training batches; 0 = in the
+                               # training loop; -1 = by backend: 0 on CPU (they would take the
+                               # step's cores), min(8, cores / 2) with an accelerator
+  d.prefetch_batches = 4       # training batches assembled ahead of the step
   d.seed = 1
 
   # --- training: shared by both stages ----------------------------------------------------

@@ -1,7 +1,8 @@
 """The embedded speech-translation corpus: real translated sentences, synthetic speakers.
 
 Text: human-translated message catalogs from PyPI wheels (data_prep/po_text.py), one domain
-per package. Speech: espeak-ng voices x variants x rates x pitches as speakers; dev and test
+per package, and for German-English optionally (`--text catalogs,ding`) the ~15k example
+sentences of the Ding dictionary (data_prep/ding.py), domain "ding". Speech: espeak-ng voices x variants x rates x pitches as speakers; dev and test
 use voice variants never heard in training, and sentences never seen in training.
 
 Written in the exact MuST-C on-disk layout, so the MuST-C reader serves it unchanged:
@@ -30,7 +31,7 @@ import wave
 
 import numpy as np
 
-from data_prep import po_text
+from data_prep import ding, po_text
 from data_prep.espeak import Synthesizer, Voice
 
 SAMPLE_RATE = 16000
@@ -55,6 +56,10 @@ class CorpusSpec:
   train_speakers_per_sentence: int = 2    # each training sentence is spoken this many times
   segments_per_talk: int = 20
   max_sentences: int = 0                  # per direction; 0 = all
+  max_heldout: int = 0                    # cap on dev and on test sentences; 0 = no cap
+  # Text sources: "catalogs" (message catalogs of PyPI wheels, every language) and "ding" (the
+  # Ding dictionary's example sentences, German-English only; fetched with apt-get download).
+  text: tuple[str, ...] = ("catalogs",)
   wheel_cache: str = ""                   # default: ~/.cache/multiformer_jax/wheels
 
   def directions(self):
@@ -78,8 +83,29 @@ def _speakers(rng, language: str, variants, count: int) -> list[Voice]:
   return voices
 
 
-def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str, str]):
-  """{split: [talk segments]}: the deterministic plan of one direction."""
+TEXT_SOURCES = ("catalogs", "ding")
+
+
+def ding_pairs(spec: CorpusSpec, source: str, target: str, log=print) -> list[tuple]:
+  """(source text, target text, 'ding') for a German-English direction of a spec that asks
+  for Ding; [] with a warning saying what is missing where the dictionary cannot be fetched."""
+  if "ding" not in spec.text or {source, target} != {"en", "de"}:
+    return []
+  cache = os.path.dirname(spec.wheel_cache or po_text.default_wheel_cache())
+  try:
+    path = ding.fetch(cache)
+  except ding.DingUnavailable as error:
+    log(f"WARNING: the embedded corpus is built without the Ding sentences ({error}); it has "
+        f"the message catalogs' sentences only, too few for the model to generalise")
+    return []
+  return [(en, de, ding.DOMAIN) if source == "en" else (de, en, ding.DOMAIN)
+          for en, de in ding.sentence_pairs(path)]
+
+
+def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str, str],
+                   extra_pairs=()):
+  """{split: [talk segments]}: the deterministic plan of one direction. extra_pairs: more
+  (source text, target text, domain) triples (e.g. `ding_pairs`)."""
   rng = np.random.default_rng([spec.seed, sum(map(ord, source + target))])
   pairs = []  # (source text, target text, domain)
   for domain, wheel in sorted(wheels.items()):
@@ -87,12 +113,16 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
     for english, translated in po_text.sentence_pairs(wheel, language):
       pairs.append((english, translated, domain) if source == "en" else
                    (translated, english, domain))
+  seen = {p[0] for p in pairs}
+  pairs += [p for p in extra_pairs if p[0] not in seen]
   if not pairs:
     raise po_text.TextSourceError(f"no sentence pairs for {source}-{target}")
   order = rng.permutation(len(pairs))
   if spec.max_sentences:
     order = order[:spec.max_sentences]
   n_held = max(1, int(len(order) * spec.heldout_fraction))
+  if spec.max_heldout:
+    n_held = min(n_held, spec.max_heldout)
   split_pairs = {"dev": order[:n_held], "tst-COMMON": order[n_held:2 * n_held],
                  "train": order[2 * n_held:]}
   speakers = {"train": _speakers(rng, source, TRAIN_VARIANTS, 10),
@@ -187,7 +217,7 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
           continue
       raise FileExistsError(f"{root} was built with a different spec; remove it or choose "
                             f"another --out")
-    plan = plan_direction(spec, source, target, wheels)
+    plan = plan_direction(spec, source, target, wheels, ding_pairs(spec, source, target))
     jobs, meta = [], []
     for split, talks in plan.items():
       os.makedirs(os.path.join(root, "data", split, "wav"), exist_ok=True)
@@ -230,14 +260,23 @@ def main(argv=None):
   parser.add_argument("--max-sentences", type=int, default=0)
   parser.add_argument("--speakers-per-sentence", type=int, default=2)
   parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--text", default="catalogs",
+                      help=f"comma-separated text sources: {', '.join(TEXT_SOURCES)} (ding: "
+                           f"German-English example sentences, ~15k)")
+  parser.add_argument("--max-heldout", type=int, default=0,
+                      help="at most this many dev and test sentences (0: 8%% each)")
   args = parser.parse_args(argv)
+  text = tuple(t for t in args.text.split(",") if t)
+  if set(text) - set(TEXT_SOURCES) or not text:
+    parser.error(f"--text {args.text!r}; valid: comma-separated {TEXT_SOURCES}")
   languages = tuple(args.sources.split(","))
   unknown = [l for l in languages + (args.target,) if l not in ESPEAK_VOICE]
   if unknown:
     parser.error(f"unsupported language(s) {unknown}; valid: {sorted(ESPEAK_VOICE)}")
   spec = CorpusSpec(sources=languages, target=args.target, seed=args.seed,
                     max_sentences=args.max_sentences,
-                    train_speakers_per_sentence=args.speakers_per_sentence)
+                    train_speakers_per_sentence=args.speakers_per_sentence, text=text,
+                    max_heldout=args.max_heldout)
   for root in build(args.out, spec, args.workers):
     print(f"built {root}")
 

@@ -1,27 +1,39 @@
-"""Corpus on disk -> features, TFDS dataset, SentencePiece models and a prep report.
+"""Corpus on disk -> sharded TFDS dataset, index, SentencePiece models and a prep report.
 
     python -m data_prep.prepare --corpus mustc --root data/embedded --pairs en-de \
         --out data/prepared/embedded_en_de --asr-vocab 1000 --st-vocab 1000
 
 Steps (fairseq's MuST-C recipe, REFERENCE §2):
-1. per talk: read the audio once (downmix / resample if needed), cut the segments, compute
-   80-dim Kaldi fbank; filter: fewer than 5 frames or empty text everywhere, more than 3000
-   frames in train; unreadable audio, segments past the end, non-finite features are skipped.
-   Every skip and repair is counted by reason in `prep_report.json`.
-   Each talk's result is cached atomically under `features/`: a rerun redoes nothing done.
-2. all splits -> one TFDS dataset (array_record) under `tfds/`, written atomically.
-3. an index per split (`index/{split}.npz`: lengths, texts, tags, aligned with the data
-   source), global CMVN statistics from train, SentencePiece models for ASR and ST.
-`prepared.json` is written last: its presence means the preparation is complete.
+1. The talks of each split, sorted, are cut into shards of about `shard_frames` frames
+   (estimated from the segment durations; at least one shard per worker). The plan is saved
+   (`shards/plan.json`) so that a rerun writes the same shards.
+2. Workers (default: the machine's cores) each write whole shards. Per talk: read the audio
+   once (downmix / resample if needed), cut the segments, compute 80-dim Kaldi fbank; filter:
+   fewer than 5 frames or empty text everywhere, more than 3000 frames in train; unreadable
+   audio, segments past the end and non-finite features are skipped, every skip and repair
+   counted by reason. A talk's features are cached atomically under `features/` until its
+   shard is complete, then the talk is streamed into the shard's ArrayRecord file, which
+   appears (a rename) with a sidecar `shards/{split}/*.json` (index columns, talk reports,
+   CMVN sums). Memory per worker is one talk, whatever the corpus size; a kill loses at most
+   the talks in flight, and a rerun finishes the rest.
+3. The shards' metadata makes them a TFDS dataset (`tfds/`, renamed into place when complete);
+   an index per split (`index/{split}.npz`: lengths, texts, tags in data-source order), global
+   CMVN statistics from the train shards and the SentencePiece models come from the sidecars,
+   without reading the features again.
+`prepared.json` is written last: its presence means the preparation is complete. The records
+and their order depend only on the corpus, not on the number of workers.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import errno
 import json
+import math
 import multiprocessing
 import os
+import signal
 
 import numpy as np
 
@@ -32,8 +44,11 @@ MIN_FRAMES = 5
 MAX_TRAIN_FRAMES = 3000
 GCMVN_MAX_UTTERANCES = 150_000
 EXAMPLES_PER_REASON = 20
-META_FIELDS = ("id", "talk", "speaker", "source_text", "target_text", "source_lang",
-               "target_lang", "domain")
+META_FIELDS = tfds_dataset.TEXT_FIELDS
+FRAMES_PER_SECOND = 100
+FAULT_ENV = "MULTIFORMER_JAX_FAULT"            # as multiformer_jax.faults (tests only)
+# About 320 MB of float32 features per shard: MuST-C En-De train (~400 h) is ~150 shards.
+DEFAULT_SHARD_FRAMES = 1_000_000
 
 
 def _atomic_json(path: str, value):
@@ -42,8 +57,13 @@ def _atomic_json(path: str, value):
   os.replace(path + ".tmp", path)
 
 
+def _read_json(path: str):
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
 def process_talk(job) -> dict:
-  """Worker: features of one talk's segments -> cached npz; returns its report entries."""
+  """Features of one talk's segments -> cached npz; returns its report entries."""
   cache_path, records, is_train = job
   if os.path.exists(cache_path):
     with np.load(cache_path, allow_pickle=False) as cached:
@@ -79,6 +99,7 @@ def process_talk(job) -> dict:
     else:
       kept.append(r)
       feats.append(fb)
+  del audio                                 # a talk's audio is the worker's largest array
   report = {"kept": len(kept), "skipped": skipped, "repairs": repairs}
   arrays = {"report": json.dumps(report),
             "meta": json.dumps([{k: r[k] for k in META_FIELDS} for r in kept]),
@@ -90,44 +111,135 @@ def process_talk(job) -> dict:
   return report
 
 
-def _talk_examples(paths):
-  """Yields (key, example) from cached talk files."""
-  for path in paths:
-    with np.load(path, allow_pickle=False) as cached:
-      meta = json.loads(str(cached["meta"]))
-      starts = np.concatenate([[0], np.cumsum(cached["lengths"])])
-      fbank = cached["fbank"]
-      for i, m in enumerate(meta):
-        fb = fbank[starts[i]:starts[i + 1]]
-        yield f"{m['source_lang']}-{m['target_lang']}/{m['id']}", dict(
-            m, fbank=fb, n_frames=len(fb))
+def _talk_examples(path):
+  """Yields the examples of one cached talk."""
+  with np.load(path, allow_pickle=False) as cached:
+    meta = json.loads(str(cached["meta"]))
+    starts = np.concatenate([[0], np.cumsum(cached["lengths"])])
+    fbank = cached["fbank"]
+    for i, m in enumerate(meta):
+      fb = fbank[starts[i]:starts[i + 1]]
+      yield dict(m, fbank=fb, n_frames=len(fb))
 
 
-def build_index(data_dir: str, split: str, out_path: str):
-  """Lengths and texts of a split, in data-source order (the batcher needs no fbank reads)."""
-  source = tfds_dataset.open_split(data_dir, split)
-  columns = collections.defaultdict(list)
-  for i in range(len(source)):
-    example = source[i]
-    columns["n_frames"].append(int(example["n_frames"]))
-    for name in META_FIELDS:
-      columns[name].append(example[name].decode("utf-8"))
-  arrays = {k: np.array(v) for k, v in columns.items()}
-  np.savez(out_path + ".tmp.npz", **arrays)
-  os.replace(out_path + ".tmp.npz", out_path)
+def plan_shards(talk_jobs: list, shard_frames: int, min_shards: int) -> list[list[int]]:
+  """Consecutive groups of talks (indices into talk_jobs) of about `shard_frames` estimated
+  frames each (a group closes once it reaches them), split further until there are
+  `min_shards` groups where the talks allow it (so that every worker has a shard)."""
+  estimated = [sum(max(r["duration"], 0.0) for r in records) * FRAMES_PER_SECOND
+               for _, records, _ in talk_jobs]
+  shards, current, frames = [], [], 0.0
+  for i, talk_frames in enumerate(estimated):
+    current.append(i)
+    frames += talk_frames
+    if frames >= shard_frames:
+      shards.append(current)
+      current, frames = [], 0.0
+  if current or not shards:
+    shards.append(current)
+  size = lambda shard: sum(estimated[i] for i in shard)
+  while len(shards) < min_shards and any(len(shard) > 1 for shard in shards):
+    k = max((k for k, shard in enumerate(shards) if len(shard) > 1),
+            key=lambda k: size(shards[k]))
+    shard, half = shards[k], size(shards[k]) / 2
+    cut = next(j for j in range(1, len(shard)) if size(shard[:j]) >= half or
+               j == len(shard) - 1)
+    shards[k:k + 1] = [shard[:cut], shard[cut:]]
+  return shards
+
+
+def _fault_point(name: str):
+  """Tests: `MULTIFORMER_JAX_FAULT=prepare.train.shard:3` SIGKILLs the whole preparation (this
+  process group: the main process and every worker) once shard 3 of train is written."""
+  points = {p.strip() for p in os.environ.get(FAULT_ENV, "").split(",")} - {""}
+  if name in points:
+    os.killpg(os.getpgrp(), signal.SIGKILL)
+
+
+def write_shard(job) -> dict:
+  """Worker: the talks of one shard -> its ArrayRecord file and sidecar; returns the sidecar.
+  A shard already written is not redone."""
+  shard_path, sidecar_path, talk_jobs, is_train, fault_name = job
+  if os.path.exists(shard_path) and os.path.exists(sidecar_path):
+    return _read_json(sidecar_path)
+  try:
+    reports = [process_talk(talk) for talk in talk_jobs]
+    columns = collections.defaultdict(list)
+    stats = features.GlobalCMVNStats()
+    with tfds_dataset.ShardWriter(shard_path) as writer:
+      for cache_path, _, _ in talk_jobs:
+        for example in _talk_examples(cache_path):
+          writer.write(example)
+          columns["n_frames"].append(int(example["n_frames"]))
+          for name in META_FIELDS:
+            columns[name].append(example[name])
+          if is_train:
+            stats.add(example["fbank"])
+      sidecar = {"count": writer.count, "num_bytes": writer.num_bytes, "talks": reports,
+                 "index": columns,
+                 "cmvn": None if not stats.count else {
+                     "utterances": writer.count, "frames": stats.count,
+                     "sum": stats.total.tolist(), "sum_sq": stats.total_sq.tolist()}}
+      _atomic_json(sidecar_path, sidecar)          # before the shard appears (on close)
+  except OSError as error:
+    if error.errno == errno.ENOSPC:
+      raise OSError(error.errno, f"disk full while writing {shard_path}: the shards and talk "
+                    f"features already written are kept; free space on that disk and rerun "
+                    f"the same command to finish") from error
+    raise
+  _fault_point(fault_name)
+  for cache_path, _, _ in talk_jobs:               # the shard holds them now
+    if os.path.exists(cache_path):
+      os.remove(cache_path)
+  return sidecar
+
+
+def _split_report(records, sidecars) -> dict:
+  skipped, repairs, kept = collections.Counter(), collections.Counter(), 0
+  examples = collections.defaultdict(list)
+  for sidecar in sidecars:
+    for talk in sidecar["talks"]:
+      kept += talk["kept"]
+      repairs.update(talk["repairs"])
+      for utt, reason in talk["skipped"]:
+        skipped[reason] += 1
+        if len(examples[reason]) < EXAMPLES_PER_REASON:
+          examples[reason].append(utt)
+  return {"segments": len(records), "kept": kept, "skipped": dict(skipped),
+          "skipped_examples": dict(examples), "repaired_talks": dict(repairs)}
+
+
+def _global_cmvn(train_sidecars):
+  """fairseq's global CMVN statistics over the first GCMVN_MAX_UTTERANCES training utterances,
+  taken in whole shards (the last shard used may go past the limit)."""
+  stats, utterances = features.GlobalCMVNStats(), 0
+  for sidecar in train_sidecars:
+    if utterances >= GCMVN_MAX_UTTERANCES or not sidecar["cmvn"]:
+      continue
+    cmvn = sidecar["cmvn"]
+    total, total_sq = np.array(cmvn["sum"]), np.array(cmvn["sum_sq"])
+    stats.total = total if stats.total is None else stats.total + total
+    stats.total_sq = total_sq if stats.total_sq is None else stats.total_sq + total_sq
+    stats.count += cmvn["frames"]
+    utterances += cmvn["utterances"]
+  return stats
 
 
 def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str] | None = None,
-            asr_vocab: int = 5000, st_vocab: int = 8000, workers: int = 2,
-            progress: bool = True) -> dict:
+            asr_vocab: int = 5000, st_vocab: int = 8000, workers: int | None = None,
+            progress: bool = True, shard_frames: int = DEFAULT_SHARD_FRAMES) -> dict:
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
-    with open(done_marker, encoding="utf-8") as f:
-      return json.load(f)
+    return _read_json(done_marker)
+  workers = workers or os.cpu_count() or 1
   splits = splits or [s for s in corpora.SPLITS[corpus.split(",")[0]] if s != "tst-HE"]
   # Read every split's segment list first: layout errors surface before any work is done.
   records = {s: corpora.read_corpora(corpus, root, pairs, s) for s in splits}
+  data_dir = os.path.join(out, "tfds")
+  plan_path = os.path.join(out, "shards", "plan.json")
+  os.makedirs(os.path.dirname(plan_path), exist_ok=True)
+  plan = _read_json(plan_path) if os.path.exists(plan_path) else {}
   jobs = {}
   for split, recs in records.items():
     talks = collections.defaultdict(list)
@@ -135,49 +247,53 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
       talks[(r.source_lang, r.target_lang, r.talk)].append(r)
     cache_dir = os.path.join(out, "features", split)
     os.makedirs(cache_dir, exist_ok=True)
-    jobs[split] = [(os.path.join(cache_dir, f"{s}-{t}_{talk}.npz"),
-                    [vars(r) for r in rs], split == "train")
-                   for (s, t, talk), rs in sorted(talks.items())]
-  report = {}
-  with multiprocessing.get_context("spawn").Pool(workers) as pool:
-    for split, split_jobs in jobs.items():
-      results = tqdm(pool.imap(process_talk, split_jobs), total=len(split_jobs),
-                     desc=f"features {split}", unit="talk", disable=not progress)
-      skipped, repairs, kept = collections.Counter(), collections.Counter(), 0
-      examples = collections.defaultdict(list)
-      for result in results:
-        kept += result["kept"]
-        repairs.update(result["repairs"])
-        for utt, reason in result["skipped"]:
-          skipped[reason] += 1
-          if len(examples[reason]) < EXAMPLES_PER_REASON:
-            examples[reason].append(utt)
-      report[split] = {"segments": len(records[split]), "kept": kept,
-                       "skipped": dict(skipped), "skipped_examples": dict(examples),
-                       "repaired_talks": dict(repairs)}
-      if kept == 0:
-        raise ValueError(f"no usable segment in {split} of {root} ({pairs}): "
-                         f"{dict(skipped)}")
-  _atomic_json(os.path.join(out, "prep_report.json"), report)
+    os.makedirs(os.path.join(out, "shards", split), exist_ok=True)
+    talk_jobs = [(os.path.join(cache_dir, f"{s}-{t}_{talk}.npz"), [vars(r) for r in rs],
+                  split == "train") for (s, t, talk), rs in sorted(talks.items())]
+    if split not in plan or sum(map(len, plan[split])) != len(talk_jobs):
+      plan[split] = plan_shards(talk_jobs, shard_frames, workers)
+    n = len(plan[split])
+    jobs[split] = [
+        (os.path.join(tfds_dataset.staging_dir(data_dir), tfds_dataset.shard_filename(split, k, n)),
+         os.path.join(out, "shards", split, f"{k:05d}-of-{n:05d}.json"),
+         [talk_jobs[i] for i in talk_ids], split == "train", f"prepare.{split}.shard:{k}")
+        for k, talk_ids in enumerate(plan[split])]
+  _atomic_json(plan_path, plan)
 
-  data_dir = os.path.join(out, "tfds")
-  generators = {s: (lambda paths=[j[0] for j in js]: _talk_examples(paths))
-                for s, js in jobs.items()}
-  tfds_dataset.write_dataset(data_dir, generators)
+  sidecars = {}
+  if tfds_dataset.is_complete(data_dir):
+    sidecars = {split: [_read_json(j[1]) for j in js] for split, js in jobs.items()}
+  else:
+    os.makedirs(tfds_dataset.staging_dir(data_dir), exist_ok=True)
+    all_jobs = [job for split in splits for job in jobs[split]]
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(all_jobs))) as pool:
+      results = list(tqdm(pool.imap(write_shard, all_jobs), total=len(all_jobs),
+                          desc="features -> shards", unit="shard", disable=not progress))
+    start = 0
+    for split in splits:
+      sidecars[split] = results[start:start + len(jobs[split])]
+      start += len(jobs[split])
+    tfds_dataset.finalize(data_dir, {s: [c["count"] for c in sidecars[s]] for s in splits},
+                          {s: sum(c["num_bytes"] for c in sidecars[s]) for s in splits})
+
+  report = {split: _split_report(records[split], sidecars[split]) for split in splits}
+  for split, r in report.items():
+    if r["kept"] == 0:
+      raise ValueError(f"no usable segment in {split} of {root} ({pairs}): {r['skipped']}")
+  _atomic_json(os.path.join(out, "prep_report.json"), report)
 
   index_dir = os.path.join(out, "index")
   os.makedirs(index_dir, exist_ok=True)
   for split in splits:
+    columns = collections.defaultdict(list)
+    for sidecar in sidecars[split]:
+      for name, values in sidecar["index"].items():
+        columns[name].extend(values)
     path = os.path.join(index_dir, f"{split}.npz")
-    if not os.path.exists(path):
-      build_index(data_dir, split, path)
+    np.savez(path + ".tmp.npz", **{k: np.array(v) for k, v in columns.items()})
+    os.replace(path + ".tmp.npz", path)
 
-  stats = features.GlobalCMVNStats()
-  train_paths = [j[0] for j in jobs.get("train", [])]
-  for n, (_, example) in enumerate(_talk_examples(train_paths)):
-    if n >= GCMVN_MAX_UTTERANCES:
-      break
-    stats.add(example["fbank"])
+  stats = _global_cmvn(sidecars.get("train", []))
   if stats.count:
     mean, std = stats.mean_std()
     np.savez(os.path.join(out, "gcmvn.npz"), mean=mean, std=std)
@@ -194,6 +310,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   summary = {"corpus": corpus, "root": ",".join(map(os.path.abspath, root.split(","))),
              "pairs": pairs,
              "splits": {s: report[s]["kept"] for s in splits}, "tfds_dir": "tfds",
+             "shards": {s: len(jobs[s]) for s in splits},
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
                        for task, p in vocabularies.items()},
              "gcmvn": "gcmvn.npz" if stats.count else None}
@@ -213,11 +330,14 @@ def main(argv=None):
   parser.add_argument("--splits", default="", help="comma-separated; default: all but tst-HE")
   parser.add_argument("--asr-vocab", type=int, default=5000)
   parser.add_argument("--st-vocab", type=int, default=8000)
-  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--workers", type=int, default=None,
+                      help="feature workers (default: the machine's cores)")
+  parser.add_argument("--shard-frames", type=int, default=DEFAULT_SHARD_FRAMES,
+                      help="frames per ArrayRecord shard (about 320 bytes each)")
   args = parser.parse_args(argv)
   summary = prepare(args.corpus, args.root, args.pairs.split(","), args.out,
                     [s for s in args.splits.split(",") if s] or None, args.asr_vocab,
-                    args.st_vocab, args.workers)
+                    args.st_vocab, args.workers, shard_frames=args.shard_frames)
   print(json.dumps(summary, indent=1))
   with open(os.path.join(args.out, "prep_report.json"), encoding="utf-8") as f:
     report = json.load(f)

@@ -10,7 +10,9 @@ The order is a pure function of (seed, epoch): the iterator state is (epoch, bat
 so a resumed run continues with exactly the next batch. Every JAX process computes the same
 global plan and takes its own contiguous slice of each batch. SpecAugment (training only) draws
 from a generator seeded by (seed, epoch, utterance), so a resumed run sees the same masks.
-Evaluation iterates every utterance of a split exactly once.
+Evaluation iterates every utterance of a split exactly once. Training batches can be assembled
+ahead by background worker processes (`TrainIterator(workers=...)`), the same batches in the
+same order.
 
 Batch (numpy):
   features [B, T, 80] float32     lengths [B] int32          weights [B] float32 (0 = padding)
@@ -25,9 +27,12 @@ position padded out of the loss (fairseq's --ignore-prefix-size 1); decoding for
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import dataclasses
 import json
 import math
+import multiprocessing
 import os
 from typing import Iterator
 
@@ -122,6 +127,10 @@ class SplitData:
 
   def __len__(self):
     return len(self.n_frames)
+
+  def __getstate__(self):
+    """Pickles (to worker processes) without the open data source; each reopens its own."""
+    return {**self.__dict__, "source": None}
 
   def fbank(self, i: int) -> np.ndarray:
     if self.source is None:
@@ -243,33 +252,102 @@ class Batcher:
     return batch
 
 
-class TrainIterator:
-  """Endless training batches; `state()` / `restore()` give exact resumption."""
+_WORKER_BATCHER = None
 
-  def __init__(self, batcher: Batcher, epoch: int = 0, position: int = 0):
+
+def _start_worker(batcher: "Batcher"):
+  global _WORKER_BATCHER
+  _WORKER_BATCHER = batcher
+
+
+def _assemble_in_worker(task) -> dict:
+  bucket, indices, epoch = task
+  return _WORKER_BATCHER.assemble(bucket, indices, epoch)
+
+
+class TrainIterator:
+  """Endless training batches; `state()` / `restore()` give exact resumption.
+
+  With `workers` > 0 the batches are assembled ahead (reading, CMVN, SpecAugment, padding) by
+  that many background processes, up to `prefetch` batches ahead of the training loop, in
+  plan order. A batch is a pure function of (seed, epoch, position), so prefetching changes
+  neither the batches nor `state()`: the state names the next batch the loop will receive,
+  whatever has been assembled ahead. Call `close()` (or use `with`) to stop the workers.
+  """
+
+  def __init__(self, batcher: Batcher, epoch: int = 0, position: int = 0, workers: int = 0,
+               prefetch: int = 4):
     self.batcher = batcher
     self.epoch, self.position = epoch, position
-    self._plan_epoch, self._plan = None, None
+    self.workers, self.prefetch = workers, max(prefetch, 1)
+    self._plans = {}
+    self._pool = None
+    self._pending = collections.deque()       # futures of the next batches, in order
+    self._submitted = None                    # (epoch, position) of the next batch to submit
 
   def state(self) -> dict:
     return {"epoch": self.epoch, "position": self.position}
 
   def restore(self, state: dict):
     self.epoch, self.position = int(state["epoch"]), int(state["position"])
+    self._drop_pending()
 
   def __iter__(self):
     return self
 
+  def _plan(self, epoch: int):
+    if epoch not in self._plans:
+      self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
+      self._plans[epoch] = self.batcher.epoch_plan(epoch)
+    return self._plans[epoch]
+
+  def _normalise(self, epoch: int, position: int) -> tuple[int, int]:
+    while position >= len(self._plan(epoch)):
+      epoch, position = epoch + 1, 0
+    return epoch, position
+
   def __next__(self) -> dict:
-    if self._plan_epoch != self.epoch:
-      self._plan_epoch, self._plan = self.epoch, self.batcher.epoch_plan(self.epoch)
-    if self.position >= len(self._plan):
-      self.epoch, self.position = self.epoch + 1, 0
-      return next(self)
-    bucket, indices = self._plan[self.position]
-    batch = self.batcher.assemble(bucket, indices, self.epoch)
+    self.epoch, self.position = self._normalise(self.epoch, self.position)
+    if self.workers > 0:
+      batch = self._next_prefetched()
+    else:
+      bucket, indices = self._plan(self.epoch)[self.position]
+      batch = self.batcher.assemble(bucket, indices, self.epoch)
     self.position += 1
     return batch
+
+  def _next_prefetched(self) -> dict:
+    if self._pool is None:
+      self._pool = concurrent.futures.ProcessPoolExecutor(
+          self.workers, mp_context=multiprocessing.get_context("spawn"),
+          initializer=_start_worker, initargs=(self.batcher,))
+    if self._submitted is None:
+      self._submitted = (self.epoch, self.position)
+    while len(self._pending) < self.prefetch:
+      epoch, position = self._normalise(*self._submitted)
+      bucket, indices = self._plan(epoch)[position]
+      self._pending.append(self._pool.submit(_assemble_in_worker, (bucket, indices, epoch)))
+      self._submitted = (epoch, position + 1)
+    return self._pending.popleft().result()
+
+  def _drop_pending(self):
+    for future in self._pending:
+      future.cancel()
+    self._pending.clear()
+    self._submitted = None
+
+  def close(self):
+    self._drop_pending()
+    if self._pool is not None:
+      self._pool.shutdown(wait=True, cancel_futures=True)
+      self._pool = None
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    self.close()
+    return False
 
 
 def eval_batches(batcher: Batcher) -> Iterator[dict]:

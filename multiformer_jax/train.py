@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 from typing import Any
 
 import flax
@@ -270,6 +271,16 @@ def carry_encoder(params, asr_params, log: logging.Logger):
   return flax.traverse_util.unflatten_dict(flat_new, sep="/")
 
 
+def loader_workers(config) -> int:
+  """data.loader_workers, with -1 resolved by backend: on a CPU the step uses every core and
+  batches are assembled between steps (dispatch is asynchronous, so that overlaps the step);
+  with an accelerator, background processes keep up with a fast step."""
+  workers = config.data.get("loader_workers", 0)
+  if workers >= 0:
+    return workers
+  return 0 if jax.default_backend() == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
+
+
 def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:
   totals = {"loss": 0.0, "nll": 0.0, "tokens": 0.0}
   for batch in ip.eval_batches(batcher):
@@ -316,7 +327,11 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   checkpoints = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints"),
                                           scfg.keep_last, stage)
   state = create_state(model, tx, stage_key(config, stage))
-  iterator = ip.TrainIterator(train_batcher)
+  iterator = ip.TrainIterator(train_batcher, workers=loader_workers(config),
+                              prefetch=config.data.get("prefetch_batches", 4))
+  log.info("%s: training batches assembled %s; log.jsonl's data_wait_s is the time the loop "
+           "waited for them", stage, f"ahead by {iterator.workers} worker processes"
+           if iterator.workers else "in the training loop")
   resumed = checkpoints.restore_latest_valid(state, log)
   if resumed is not None:
     state, meta, latest = resumed
@@ -343,6 +358,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
       step, state = _train_loop(config, stage, state, step, iterator, train_step, eval_step,
                                 dev_batcher, dp, checkpoints, logger, stop, train_data, model)
   finally:
+    iterator.close()
     logger.close()
   best = checkpoints.best()
   summary = {"stage": stage, "updates": step, "best_step": best,
@@ -376,7 +392,9 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
   while step < scfg.max_updates:
     update_ids = []
     for micro in range(scfg.update_freq):
+      waited = time.perf_counter()
       batch = next(iterator)
+      logger.data_wait(time.perf_counter() - waited)
       update_ids += [str(train_data.ids[i]) for i in batch["index"] if i >= 0]
       shape = batch["features"].shape[:2] + batch["targets"].shape[1:]
       if shape not in seen_shapes:

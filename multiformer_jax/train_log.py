@@ -45,6 +45,7 @@ class StageLogger:
     except ImportError:
       self.log.warning("tensorboardX not installed: no TensorBoard scalars (JSONL only)")
     self.pending = []
+    self.waited = 0.0                 # seconds the loop waited for batches since the last flush
     self.consecutive_nonfinite = 0
     self.skipped_total = 0
     self.bar = None
@@ -62,6 +63,10 @@ class StageLogger:
     """metrics of one micro-batch (on device); utterance_ids: the ids of every utterance of the
     update it completes (logged if the update turns out non-finite)."""
     self.pending.append((metrics, utterance_ids))
+
+  def data_wait(self, seconds: float):
+    """Time the training loop spent waiting for its next batch (input pipeline)."""
+    self.waited += seconds
 
   def flush(self, step: int) -> int:
     """Reads the pending metrics (blocks), logs them; returns consecutive non-finite skips."""
@@ -85,6 +90,7 @@ class StageLogger:
       for k in ("loss", "nll", "tokens", "frames", "examples"):
         sums[k] = sums.get(k, 0.0) + first(m[k])
     last = next((m for m in reversed(values) if "grad_norm" in m), {})
+    waited, self.waited = self.waited, 0.0
     now = time.time()
     elapsed = now - self.t_flush
     self.t_flush = now
@@ -94,6 +100,8 @@ class StageLogger:
               "grad_norm": first(last.get("grad_norm", 0.0)),
               "frames_per_s": sums["frames"] / max(elapsed, 1e-9),
               "step_time_s": elapsed / max(len([m for m in values if "grad_norm" in m]), 1),
+              "data_wait_s": round(waited, 4),
+              "data_wait_fraction": round(waited / max(elapsed, 1e-9), 4),
               "skipped_updates": len(skipped_ids)}
     if any("kl" in m for m in values):   # head selection: the token-weighted KL of the samples
       record["selection_kl"] = sum(first(m["kl"]) for m in values if "kl" in m) / tokens
