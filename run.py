@@ -75,6 +75,12 @@ def main(argv):
     md_path, _ = ablate.write_table([row], _WORKDIR.value)
     with open(md_path, encoding="utf-8") as f:
       print(f.read())
+    from multiformer_jax import curves  # pylint: disable=import-outside-toplevel
+    split = _CONFIG.value.data.test_split
+    shown = curves.examples(_WORKDIR.value, split)
+    if shown:
+      print(f"{len(shown)} {split} examples (reference, then hypothesis):\n"
+            f"{curves.format_examples(shown)}")
 
 
 if __name__ == "__main__":

@@ -144,6 +144,8 @@ def stage_config(lr):
   s.warmup_updates = 10000     # linear warmup from 0
   s.max_updates = 50000
   s.update_freq = 1            # gradient accumulation (fairseq --update-freq)
+  s.ctc_weight = 0.0           # ASR only: hybrid CTC/attention loss weight (ESPnet's
+                               # mtlalpha), 0 in the papers' recipes
   s.eval_every = 1000          # updates between dev evaluations + checkpoints
   s.keep_last = 5              # checkpoints kept besides the best (by dev loss)
   return s

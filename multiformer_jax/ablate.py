@@ -48,8 +48,9 @@ def collect_row(workdir: str, name: str, status: str = "") -> dict:
     with open(config_path, encoding="utf-8") as f:
       config = json.load(f)
     row["encoder_layout"] = config["model"]["encoder_layout"]
-    row["reported_bleu"] = config.get("reported", {}).get("bleu", "")
-    row["reported_wer"] = config.get("reported", {}).get("wer", "")
+    for key in ("bleu", "wer"):            # a negative value: the paper has no such number
+      value = config.get("reported", {}).get(key, "")
+      row[f"reported_{key}"] = value if isinstance(value, (int, float)) and value >= 0 else ""
   wall = 0.0
   for stage, key, column in (("asr", "wer", "asr_wer"), ("st", "bleu", "st_bleu")):
     stage_dir = os.path.join(workdir, stage)
@@ -82,8 +83,9 @@ def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
             "paper BLEU | paper WER | train s | status |")
   lines = [header, "|" + "---|" * len(COLUMNS)]
   for r in rows:
-    lines.append("| " + " | ".join(str(r[c]).replace("|", "\\|") if c != "encoder_layout"
-                                   else f"`{r[c]}`" for c in COLUMNS) + " |")
+    cells = [f"`{r[c]}`" if c == "encoder_layout" else
+             "—" if r[c] == "" else str(r[c]).replace("|", "\\|") for c in COLUMNS]
+    lines.append("| " + " | ".join(cells) + " |")
   with open(md_path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   return md_path, csv_path

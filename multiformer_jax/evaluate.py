@@ -7,7 +7,7 @@
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
 utterance of the split once, and writes `{workdir}/{stage}/eval_{split}/`: hyp.txt and
 ref.txt (detokenised, in corpus order) and results.json (score, sacreBLEU signature or WER
-normalisation, checkpoint description, decoding settings).
+normalisation, checkpoint description, decoding settings) and ids.txt (the utterance ids).
 """
 
 from __future__ import annotations
@@ -31,13 +31,16 @@ from multiformer_jax.train_log import setup_logging
 
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
-                   max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0):
+                   max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
+                   nbest: bool = False):
   """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
   [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
   max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
 
   tasks: [batch] task ids (multi-task models); prefix: [batch] forced first tokens (target-
-  language tags); key: the PRNG key of `noisy` head-selection inference.
+  language tags); key: the PRNG key of `noisy` head-selection inference. With nbest=True it
+  returns every finalised hypothesis, best first: (tokens [batch, beam, steps], scores
+  [batch, beam]).
   """
   cfg = model.config
   limit = cfg.max_target_positions - 1
@@ -64,11 +67,11 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
       return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
                          method=model.decode_step, rngs=rngs(index))
     max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
-    tokens, _ = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
-                                   cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
-                                   length_penalty, prefix, min_len=min_len,
-                                   unk_penalty=unk_penalty)
-    return tokens
+    tokens, scores = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
+                                        cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
+                                        length_penalty, prefix, min_len=min_len,
+                                        unk_penalty=unk_penalty, nbest=nbest)
+    return (tokens, scores) if nbest else tokens
   return jax.jit(translate)
 
 
@@ -135,7 +138,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   # Task ids are the training split's (as in training), whatever the evaluated split holds.
   train_tags = training_tags(config, stage)
   batcher = ip.Batcher(data, False, tags=train_tags)
-  model = S2TModel(model_config_for(config, data.vocab.size, train_tags))
+  model = S2TModel(model_config_for(config, data.vocab.size, train_tags, stage))
   task_tag = model.config.task_tag
   if task_tag:
     unseen = sorted(set(map(str, data.tag_values[task_tag])) - set(train_tags[task_tag]))
@@ -158,7 +161,8 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   per_tag = scores_by_tag(stage, data, hypotheses, ip.TAG_NAMES)
   out_dir = os.path.join(workdir, stage, f"eval_{split}")
   os.makedirs(out_dir, exist_ok=True)
-  for name, lines in (("hyp.txt", hypotheses), ("ref.txt", references)):
+  ids = [str(i) for i in data.ids]
+  for name, lines in (("hyp.txt", hypotheses), ("ref.txt", references), ("ids.txt", ids)):
     with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
       f.writelines(line + "\n" for line in lines)
   result = {"stage": stage, "split": split, "utterances": len(data), **overall,

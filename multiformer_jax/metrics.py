@@ -29,6 +29,29 @@ def label_smoothed_nll(logits, targets, epsilon: float, pad_id: int = PAD_ID):
   return jnp.sum(loss * mask), jnp.sum(nll * mask), jnp.sum(mask)
 
 
+def ctc_loss_sum(logits, mask, targets, weights, blank_id: int = 0, pad_id: int = PAD_ID,
+                 eos_id: int = 2):
+  """Summed CTC loss of the target tokens (EOS and pad left out) given per-frame logits.
+
+  logits [B, T, V] and mask [B, T] (True = valid frame) of the encoder output; targets [B, U]
+  (tokens + EOS, pad after); weights [B] (0 = padding example). The blank is fairseq's CTC
+  blank, <s> (id 0), which no target contains. An utterance whose frames cannot emit its labels
+  (fewer frames than labels plus repeats) adds nothing, as fairseq's zero_infinity.
+  -> (loss sum, number of utterances counted).
+  """
+  import optax  # pylint: disable=import-outside-toplevel
+  labels = jnp.where((targets == pad_id) | (targets == eos_id), pad_id, targets)
+  label_paddings = (labels == pad_id).astype(jnp.float32)
+  per_utterance = optax.ctc_loss(logits.astype(jnp.float32), 1.0 - mask.astype(jnp.float32),
+                                 labels, label_paddings, blank_id=blank_id)       # [B]
+  frames = jnp.sum(mask, axis=1)
+  label_count = jnp.sum(1.0 - label_paddings, axis=1)
+  repeats = jnp.sum((labels[:, 1:] == labels[:, :-1]) & (label_paddings[:, 1:] == 0), axis=1)
+  feasible = (frames >= label_count + repeats) & (weights > 0)
+  return (jnp.sum(jnp.where(feasible, per_utterance, 0.0)),
+          jnp.sum(feasible.astype(jnp.float32)))
+
+
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict:
   """sacreBLEU (13a, case-sensitive) on detokenised text: score and signature."""
   import sacrebleu  # pylint: disable=import-outside-toplevel

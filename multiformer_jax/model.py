@@ -21,13 +21,16 @@ class S2TModel(nn.Module):
   for teacher-forced logits [batch, len, vocab]; `encode`, `decode`, `cross_kv` and
   `decode_step` are the pieces (use `model.apply(variables, ..., method=...)`).
   Multilingual / multi-domain models also take `tasks` [batch] (task ids, default 0) and, in
-  training, the head-selection `temperature`.
+  training, the head-selection `temperature`. With `ctc_head` the call also sows the CTC
+  logits of the encoder output and its mask into the "ctc" collection (`mutable=["ctc"]`).
   """
   config: ModelConfig
 
   def setup(self):
     self.encoder = Encoder(self.config, name="encoder")
     self.decoder = Decoder(self.config, name="decoder")
+    if self.config.ctc_head:
+      self.ctc_proj = nn.Dense(self.config.vocab_size, name="ctc_proj")
 
   def encode(self, features, lengths, deterministic: bool = True, tasks=None, temperature=None):
     return self.encoder(features, lengths, deterministic, tasks, temperature)
@@ -45,6 +48,8 @@ class S2TModel(nn.Module):
   def __call__(self, features, lengths, prev_tokens, deterministic: bool = True, tasks=None,
                temperature=None):
     encoded, mask = self.encode(features, lengths, deterministic, tasks, temperature)
+    if self.config.ctc_head:       # read by training through the mutable "ctc" collection
+      self.sow("ctc", "logits", (self.ctc_proj(encoded).astype(jnp.float32), mask))
     return self.decode(prev_tokens, encoded, mask, deterministic, tasks, temperature)
 
 

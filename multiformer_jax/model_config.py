@@ -71,6 +71,8 @@ class ModelConfig:
   selection_temperature: float = 5.0
   selection_inference: str = "deterministic"
   adapter_dim: int = 0             # per-task adapter bottleneck after every layer (0 = none)
+  ctc_head: bool = False           # a linear CTC projection of the encoder output (hybrid
+                                   # CTC/attention training; the stage's ctc_weight weights it)
   bos_id: int = 0
   pad_id: int = 1
   eos_id: int = 2

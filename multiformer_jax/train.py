@@ -26,10 +26,11 @@ import numpy as np
 import optax
 
 from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import curves
 from multiformer_jax import faults
 from multiformer_jax import head_selection
 from multiformer_jax import input_pipeline as ip
-from multiformer_jax.metrics import label_smoothed_nll
+from multiformer_jax.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
 from multiformer_jax.model_config import ModelConfig
 from multiformer_jax.parallel import DataParallel
@@ -120,7 +121,7 @@ def batch_tasks(batch, model_config: ModelConfig):
 
 
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
-               train_cfg=None):
+               train_cfg=None, ctc_weight: float = 0.0):
   """-> (train_step(state, batch, apply_update, first_micro), eval_step(state, batch)), compiled.
 
   train_step's two static flags give the micro-batch's place in an update of `update_freq`
@@ -139,8 +140,14 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
 
   Head-selection models add the KL term of their Gumbel-sigmoid samples, weighted by each
   task's target tokens (train.kl_weight; 0 in the published recipes, then it is only logged).
+
+  With ctc_weight > 0 (a model with a CTC head) the loss is ESPnet's hybrid CTC/attention one,
+  (1 - w) * label-smoothed CE + w * CTC, both summed over the batch and divided, like the CE,
+  by the target tokens of the update.
   """
   cfg = model.config
+  if ctc_weight and not cfg.ctc_head:
+    raise ValueError(f"ctc_weight {ctc_weight} needs a model with a CTC head (ctc_head=True)")
   selecting = bool(cfg.encoder_candidates or cfg.decoder_candidates)
 
   def loss_sums(params, batch, deterministic, key=None, step=None):
@@ -150,10 +157,16 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
         train_cfg, cfg.selection_temperature, step)
     logits, sown = model.apply({"params": params}, batch["features"], batch["lengths"],
                                batch["prev_tokens"], deterministic, tasks, temperature,
-                               rngs=rngs, mutable=["selection"])
+                               rngs=rngs, mutable=["selection", "ctc"])
     targets = jnp.where(batch["weights"][:, None] > 0, batch["targets"], PAD_ID)
     loss, nll, tokens = label_smoothed_nll(logits, targets, label_smoothing)
     aux = {"nll": nll, "tokens": tokens}
+    if ctc_weight:
+      ctc_logits, ctc_mask = sown["ctc"]["logits"][0]
+      ctc, _ = ctc_loss_sum(ctc_logits, ctc_mask, targets, batch["weights"], cfg.bos_id,
+                            cfg.pad_id, cfg.eos_id)
+      loss = (1.0 - ctc_weight) * loss + ctc_weight * ctc
+      aux["ctc"] = ctc
     if selecting and not deterministic:
       task_ids = jnp.zeros(batch["weights"].shape, jnp.int32) if tasks is None else tasks
       per_example = jnp.sum(targets != PAD_ID, axis=1).astype(jnp.float32)
@@ -229,10 +242,26 @@ def training_tags(config, stage: str):
   return ip.split_tags(ip.SplitData(pipeline_config(config, stage), config.data.train_split))
 
 
-def model_config_for(config, vocab_size: int, tags=None) -> ModelConfig:
+def stage_ctc_weight(config, stage: str | None) -> float:
+  """The stage's CTC weight (ASR only: CTC needs the transcripts, which ST batches lack)."""
+  if stage is None or stage not in config:
+    return 0.0
+  weight = float(config[stage].get("ctc_weight", 0.0))
+  if not 0.0 <= weight < 1.0:
+    raise ValueError(f"{stage}.ctc_weight={weight}; valid: 0 <= weight < 1")
+  if weight and stage != "asr":
+    raise ValueError(f"{stage}.ctc_weight={weight}: the CTC loss needs transcripts, which only "
+                     f"the ASR stage has; set it on asr.ctc_weight")
+  return weight
+
+
+def model_config_for(config, vocab_size: int, tags=None, stage: str | None = None
+                     ) -> ModelConfig:
   """The model config with the sizes the data decides: the vocabulary and, for a multi-task
-  model, the number of tasks (the training split's distinct values of model.task_tag)."""
-  values = {**config.model.to_dict(), "vocab_size": vocab_size}
+  model, the number of tasks (the training split's distinct values of model.task_tag); with a
+  stage whose ctc_weight is set, a CTC head."""
+  values = {**config.model.to_dict(), "vocab_size": vocab_size,
+            "ctc_head": stage_ctc_weight(config, stage) > 0}
   if config.model.task_tag:
     if tags is None:
       raise ValueError("model.task_tag is set: the training split's tags are needed")
@@ -310,7 +339,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   dev_data = ip.SplitData(pipeline_config(config, stage, "dev"), config.data.dev_split)
   train_batcher = ip.Batcher(train_data, True, dp.global_batch_multiple, jax.process_index(),
                              jax.process_count())
-  model = S2TModel(model_config_for(config, train_data.vocab.size, train_batcher.tags))
+  model = S2TModel(model_config_for(config, train_data.vocab.size, train_batcher.tags, stage))
   if model.config.task_tag:
     log.info("stage %s: %d tasks by %s: %s", stage, model.config.num_tasks,
              model.config.task_tag, ", ".join(train_batcher.tags[model.config.task_tag]))
@@ -349,7 +378,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
            model.config.resolved_key_block_size, model.config.resolved_ffn_token_chunk)
 
   train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing,
-                                     config.train)
+                                     config.train, stage_ctc_weight(config, stage))
   step = int(state.step)
   state = dp.replicate(state)
   logger.start(step, scfg.max_updates)
@@ -368,6 +397,9 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
            params_checksum(dp.unreplicate(state.params)), jax.process_index(),
            jax.process_count())
   if primary:
+    curve = curves.plot_learning_curve(stage_dir, stage)
+    if curve:
+      log.info("stage %s: learning curve in %s", stage, curve)
     with open(done_path + ".tmp", "w", encoding="utf-8") as f:
       json.dump(summary, f, indent=1)
     os.replace(done_path + ".tmp", done_path)

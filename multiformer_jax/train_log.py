@@ -103,6 +103,8 @@ class StageLogger:
               "data_wait_s": round(waited, 4),
               "data_wait_fraction": round(waited / max(elapsed, 1e-9), 4),
               "skipped_updates": len(skipped_ids)}
+    if any("ctc" in m for m in values):  # hybrid CTC/attention: the CTC loss per target token
+      record["ctc"] = sum(first(m["ctc"]) for m in values if "ctc" in m) / tokens
     if any("kl" in m for m in values):   # head selection: the token-weighted KL of the samples
       record["selection_kl"] = sum(first(m["kl"]) for m in values if "kl" in m) / tokens
     self.scalars(step, record)

@@ -156,6 +156,7 @@ def test_prefetching_workers_give_the_synchronous_batches_and_state(sharded):
     for want, state in zip(expected, states):
       _assert_same(next(prefetching), want)
       assert prefetching.state() == state
+      assert len(prefetching._pending) <= 3                     # a bounded read-ahead
   with ip.TrainIterator(_batcher(out), workers=2, prefetch=5) as resumed:
     next(resumed)                                        # prefetches ahead, then is moved
     resumed.restore(json.loads(json.dumps(states[6])))

@@ -68,7 +68,24 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   assert row["st_bleu"] == results["st"]["eval"]["bleu"] and row["status"] == "done"
   md_path, csv_path = ablate.write_table([row], workdir)
   with open(md_path, encoding="utf-8") as f:
-    assert f"`{config.model.encoder_layout}`" in f.read()
+    table = f.read()
+  assert f"`{config.model.encoder_layout}`" in table
+  assert row["reported_bleu"] == "" and " | — | — | " in table     # no paper figure: a dash
+  # What a person sees: a learning curve per stage and examples of both stages side by side.
+  from multiformer_jax import curves
+  for stage in ("asr", "st"):
+    with open(os.path.join(workdir, stage, "learning_curve.png"), "rb") as f:
+      assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+  shown = curves.examples(workdir, "dev", 5)
+  with open(os.path.join(workdir, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+    st_hyps = f.read().split("\n")[:-1]
+  with open(os.path.join(workdir, "st", "eval_dev", "ids.txt"), encoding="utf-8") as f:
+    ids = f.read().split("\n")[:-1]
+  assert len(shown) == 5 and len(ids) == len(st_hyps) == 15
+  for example in shown:
+    assert set(example) == {"id", "asr_ref", "asr_hyp", "st_ref", "st_hyp"}
+    assert example["st_hyp"] == st_hyps[ids.index(example["id"])]
+  assert shown[0]["id"] in curves.format_examples(shown)
   with open(csv_path, encoding="utf-8") as f:
     assert f.read().startswith(",".join(ablate.COLUMNS))
   # Rerunning the command skips the finished stages.
@@ -232,3 +249,60 @@ def test_accumulated_micro_batches_give_the_update_of_their_union():
   moved = max(float(np.abs(a - b).max()) for a, b in zip(
       jax.tree_util.tree_leaves(whole.params), jax.tree_util.tree_leaves(initial_params)))
   assert moved > 0.5 * lr
+
+
+def _brute_force_ctc(log_probs, labels, blank=0):
+  """-log of the summed probability of every frame labelling that collapses to `labels`."""
+  import itertools
+  frames, vocab = log_probs.shape
+  total = 0.0
+  for path in itertools.product(range(vocab), repeat=frames):
+    collapsed = [t for i, t in enumerate(path) if t != blank and (i == 0 or path[i - 1] != t)]
+    if collapsed == list(labels):
+      total += np.exp(sum(log_probs[i, t] for i, t in enumerate(path)))
+  return -np.log(total)
+
+
+def test_ctc_loss_is_the_sum_over_alignments():
+  import jax.numpy as jnp
+  from multiformer_jax.metrics import ctc_loss_sum
+  rng = np.random.default_rng(7)
+  vocab, frames = 5, 5
+  logits = rng.normal(size=(3, frames, vocab)).astype(np.float32)
+  # targets: tokens + EOS (2), pad (1) after; blank = <s> (0); a repeat in the second
+  targets = np.array([[4, 3, 2, 1], [3, 3, 2, 1], [4, 3, 4, 2]])
+  lengths = np.array([5, 4, 5])
+  mask = np.arange(frames)[None, :] < lengths[:, None]
+  weights = np.array([1.0, 1.0, 0.0])                  # the third is a padding example
+  loss, counted = ctc_loss_sum(jnp.asarray(logits), jnp.asarray(mask), jnp.asarray(targets),
+                               jnp.asarray(weights))
+  log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  expected = _brute_force_ctc(log_probs[0, :5], [4, 3]) + \
+      _brute_force_ctc(log_probs[1, :4], [3, 3])
+  np.testing.assert_allclose(float(loss), expected, rtol=1e-4)
+  assert float(counted) == 2
+  # Too few frames for the labels (3 3 needs 3 frames with the blank between): not counted.
+  short = np.arange(frames)[None, :] < np.array([[5], [2], [5]])
+  _, counted = ctc_loss_sum(jnp.asarray(logits), jnp.asarray(short[:, :]), jnp.asarray(targets),
+                            jnp.asarray(weights))
+  assert float(counted) == 1
+
+
+def test_hybrid_ctc_loss_trains_a_ctc_head_in_the_asr_stage_only():
+  from multiformer_jax.parallel import DataParallel
+  config, model, batch = tiny_update_setup()
+  config.asr.ctc_weight = 0.3
+  ctc_model = train.S2TModel(train.model_config_for(config, model.config.vocab_size,
+                                                    stage="asr"))
+  assert ctc_model.config.ctc_head
+  assert not train.model_config_for(config, model.config.vocab_size, stage="st").ctc_head
+  tx, schedule = train.make_optimizer(config.train, config.asr)
+  dp = DataParallel("jit")
+  step, _ = train.make_steps(ctc_model, tx, schedule, dp, 0.1, config.train, 0.3)
+  state = train.create_state(ctc_model, tx, jax.random.PRNGKey(0))
+  assert "ctc_proj" in state.params
+  state, metrics = step(state, dp.shard(batch), True, True)
+  assert np.isfinite(float(metrics["ctc"])) and float(metrics["ctc"]) > 0
+  config.st.ctc_weight = 0.3
+  with pytest.raises(ValueError, match="st.ctc_weight=0.3: the CTC loss needs transcripts"):
+    train.model_config_for(config, 40, stage="st")
