@@ -3,9 +3,9 @@
 fbank: Kaldi's compute-fbank-feats as fairseq uses it (torchaudio's kaldi.fbank): 80 bins from
 20 Hz to Nyquist, 25 ms window / 10 ms shift (snip edges), DC offset removed, pre-emphasis 0.97,
 povey window, 512-point power spectrum, log floored at float32's epsilon, no dither, on the
-waveform scaled to the 16-bit range. Computed for all frames at once in numpy (float64), about
-1000x real time on one core; tests/test_data.py checks it against kaldi-native-fbank and a
-frame-by-frame numpy transcription of Kaldi.
+waveform scaled to the 16-bit range. Computed for all frames at once in numpy (float64);
+tests/test_data.py checks it against kaldi-native-fbank and a frame-by-frame numpy
+transcription of Kaldi.
 """
 
 import dataclasses
