@@ -82,9 +82,13 @@ class GlobalCMVNStats:
 
   def add(self, features: np.ndarray):
     f = features.astype(np.float64)
-    self.total = f.sum(0) if self.total is None else self.total + f.sum(0)
-    self.total_sq = (f ** 2).sum(0) if self.total_sq is None else self.total_sq + (f ** 2).sum(0)
-    self.count += len(f)
+    self.add_sums(len(f), f.sum(0), (f ** 2).sum(0))
+
+  def add_sums(self, count: int, total: np.ndarray, total_sq: np.ndarray):
+    """Adds the sums of frames counted elsewhere (e.g. one prepared shard's)."""
+    self.total = total if self.total is None else self.total + total
+    self.total_sq = total_sq if self.total_sq is None else self.total_sq + total_sq
+    self.count += count
 
   def mean_std(self) -> tuple[np.ndarray, np.ndarray]:
     mean = self.total / max(self.count, 1)

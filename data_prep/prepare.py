@@ -217,10 +217,7 @@ def _global_cmvn(train_sidecars):
     if utterances >= GCMVN_MAX_UTTERANCES or not sidecar["cmvn"]:
       continue
     cmvn = sidecar["cmvn"]
-    total, total_sq = np.array(cmvn["sum"]), np.array(cmvn["sum_sq"])
-    stats.total = total if stats.total is None else stats.total + total
-    stats.total_sq = total_sq if stats.total_sq is None else stats.total_sq + total_sq
-    stats.count += cmvn["frames"]
+    stats.add_sums(cmvn["frames"], np.array(cmvn["sum"]), np.array(cmvn["sum_sq"]))
     utterances += cmvn["utterances"]
   return stats
 

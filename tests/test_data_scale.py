@@ -64,6 +64,10 @@ def test_every_segment_reads_back_as_computed_from_many_shards(prepared, sharded
     assert sorted(a.files) == sorted(b.files)
     for key in a.files:
       np.testing.assert_array_equal(a[key], b[key])
+  # Global CMVN from the shards' sums equals the one-shard statistics.
+  a, b = np.load(os.path.join(out, "gcmvn.npz")), np.load(os.path.join(one_shard, "gcmvn.npz"))
+  for key in ("mean", "std"):
+    np.testing.assert_allclose(a[key], b[key], rtol=1e-6)
   with open(os.path.join(out, "prep_report.json"), encoding="utf-8") as f, \
       open(os.path.join(one_shard, "prep_report.json"), encoding="utf-8") as g:
     assert json.load(f) == json.load(g)
