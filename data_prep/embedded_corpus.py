@@ -2,8 +2,9 @@
 
 Text: human-translated message catalogs from PyPI wheels (data_prep/po_text.py), one domain
 per package, and for German-English optionally (`--text catalogs,ding`) the ~15k example
-sentences of the Ding dictionary (data_prep/ding.py), domain "ding". Speech: espeak-ng voices x variants x rates x pitches as speakers; dev and test
-use voice variants never heard in training, and sentences never seen in training.
+sentences of the Ding dictionary (data_prep/ding.py), domain "ding". Speech: espeak-ng voices
+x variants x rates x pitches as speakers; dev and test use voice variants never heard in
+training, and sentences never seen in training.
 
 Written in the exact MuST-C on-disk layout, so the MuST-C reader serves it unchanged:
 

@@ -35,8 +35,8 @@ def split_name(split: str) -> str:
 def features_dict():
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   features = {name: tfds.features.Text() for name in TEXT_FIELDS}
-  # Bytes: the [frames, 80] array serialised as one buffer (a float list costs ~20 ms per
-  # 10-second utterance to build, more than computing the features).
+  # Bytes: the [frames, 80] array serialised as one buffer (TFDS's default float list costs
+  # more to build than computing the features; docs/benchmarks.md, "Data at scale").
   features["fbank"] = tfds.features.Tensor(shape=(None, 80), dtype=np.float32,
                                            encoding=tfds.features.Encoding.BYTES)
   features["n_frames"] = tfds.features.Scalar(dtype=np.int32)
