@@ -129,6 +129,24 @@ def test_batches_are_bounded_and_few_shapes(prepared):
   assert len(shapes) <= 4
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_bucket_edges_minimise_padding(seed):
+  """Against every choice of at most k edges among the rounded lengths (the longest is always
+  one): the edges give the least padded frames."""
+  import itertools
+  rng = np.random.default_rng(seed)
+  lengths = np.concatenate([rng.integers(1, 200, size=40), rng.integers(300, 700, size=3)])
+  rounded = np.ceil(lengths / 16).astype(int) * 16
+  padded = lambda edges: int(np.asarray(edges)[np.searchsorted(edges, rounded)].sum())
+  values = np.unique(rounded)
+  for k in (1, 2, 3, 4):
+    edges = ip.bucket_boundaries(lengths, k)
+    assert len(edges) <= k and edges[-1] == values[-1] and np.all(edges % 16 == 0)
+    best = min(padded(list(inner) + [values[-1]])
+               for size in range(k) for inner in itertools.combinations(values[:-1], size))
+    assert padded(edges) == best
+
+
 def test_resumed_iterator_yields_the_same_batches(prepared):
   _, out = prepared
   full = ip.TrainIterator(_pipeline(out))
