@@ -140,7 +140,9 @@ def get_config(arg=None):
 def stage_config(lr):
   """The schedule and bookkeeping of one stage (fairseq's recipe: 50k updates)."""
   s = ml_collections.ConfigDict()
-  s.lr = lr                    # peak learning rate of the inverse-sqrt schedule
+  s.lr = lr                    # peak learning rate of the schedule
+  s.lr_scheduler = "inverse_sqrt"  # fairseq's; or "polynomial_decay" (linear to 0 at
+                               # max_updates: for runs whose length is fixed in advance)
   s.warmup_updates = 10000     # linear warmup from 0
   s.max_updates = 50000
   s.update_freq = 1            # gradient accumulation (fairseq --update-freq)

@@ -63,8 +63,38 @@ def inverse_sqrt_schedule(peak_lr: float, warmup: int):
   return schedule
 
 
+def polynomial_decay_schedule(peak_lr: float, warmup: int, total: int, power: float = 1.0,
+                              end_lr: float = 0.0):
+  """fairseq polynomial_decay: lr = peak * u / warmup during warmup (from 0), then
+  end + (peak - end) * (1 - (u - warmup) / (total - warmup)) ** power, end_lr from u = total."""
+  def schedule(count):
+    count = jnp.asarray(count, jnp.float32)
+    warm = peak_lr * count / max(warmup, 1)
+    remaining = jnp.clip(1.0 - (count - warmup) / max(total - warmup, 1), 0.0, 1.0)
+    decay = end_lr + (peak_lr - end_lr) * remaining ** power
+    return jnp.where(count < warmup, warm, decay)
+  return schedule
+
+
+LR_SCHEDULERS = ("inverse_sqrt", "polynomial_decay")
+
+
+def make_schedule(stage_cfg):
+  name = stage_cfg.get("lr_scheduler", "inverse_sqrt")
+  if name == "inverse_sqrt":
+    return inverse_sqrt_schedule(stage_cfg.lr, stage_cfg.warmup_updates)
+  if name == "polynomial_decay":
+    if stage_cfg.max_updates <= stage_cfg.warmup_updates:
+      raise ValueError(f"lr_scheduler polynomial_decay decays from warmup_updates "
+                       f"({stage_cfg.warmup_updates}) to max_updates ({stage_cfg.max_updates}); "
+                       f"max_updates must be larger")
+    return polynomial_decay_schedule(stage_cfg.lr, stage_cfg.warmup_updates,
+                                     stage_cfg.max_updates)
+  raise ValueError(f"lr_scheduler {name!r}; valid: {', '.join(LR_SCHEDULERS)}")
+
+
 def make_optimizer(train_cfg, stage_cfg):
-  schedule = inverse_sqrt_schedule(stage_cfg.lr, stage_cfg.warmup_updates)
+  schedule = make_schedule(stage_cfg)
   transforms = [optax.clip_by_global_norm(train_cfg.clip_norm),
                 optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
                 optax.scale_by_learning_rate(schedule)]

@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -131,6 +132,26 @@ def test_inverse_sqrt_schedule():
   schedule = train.inverse_sqrt_schedule(2e-3, 100)
   np.testing.assert_allclose([schedule(0), schedule(50), schedule(100), schedule(400)],
                              [0.0, 1e-3, 2e-3, 1e-3], rtol=1e-6)
+
+
+def test_polynomial_decay_schedule_is_fairseqs():
+  """Against fairseq's PolynomialDecayLRSchedule.step_update, transcribed."""
+  def fairseq_lr(num_updates, lr=3e-3, warmup=100, total=1000, power=1.0, end=0.0):
+    if warmup > 0 and num_updates <= warmup:
+      return num_updates / float(warmup) * lr
+    if num_updates >= total:
+      return end
+    pct_remaining = 1 - (num_updates - warmup) / (total - warmup)
+    return (lr - end) * pct_remaining ** power + end
+  schedule = train.polynomial_decay_schedule(3e-3, 100, 1000)
+  for u in (0, 1, 50, 100, 101, 550, 999, 1000, 1500):
+    np.testing.assert_allclose(schedule(u), fairseq_lr(u), rtol=1e-4, atol=1e-12)  # float32
+  stage = {"lr": 3e-3, "warmup_updates": 100, "max_updates": 100,
+           "lr_scheduler": "polynomial_decay"}
+  with pytest.raises(ValueError, match="max_updates must be larger"):
+    train.make_schedule(ml_collections.ConfigDict(stage))
+  with pytest.raises(ValueError, match="valid: inverse_sqrt, polynomial_decay"):
+    train.make_schedule(ml_collections.ConfigDict(dict(stage, lr_scheduler="cosine")))
 
 
 def test_wer_normalisation():
