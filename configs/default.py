@@ -79,6 +79,9 @@ def get_config(arg=None):
   d.embedded = False           # build the embedded corpus into `root` first (no download)
   d.embedded_sources = "en"    # embedded corpus: source language(s)
   d.embedded_target = "de"     # embedded corpus: target language(s), comma-separated
+  d.embedded_text = "catalogs"  # embedded corpus: text sources, "catalogs" or "catalogs,ding"
+  d.embedded_speakers_per_sentence = 2  # embedded corpus: voices per training sentence
+  d.embedded_max_heldout = 0   # embedded corpus: cap on dev and on test sentences (0 = none)
   d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
   d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)
   d.st_vocab = 8000
@@ -120,6 +123,9 @@ def get_config(arg=None):
   # ST stage: initialise the encoder from the ASR stage's latest | best | average checkpoint.
   config.st.encoder_init = "average"
   config.st.encoder_init_average = 10
+  # Also carry the ASR decoder's layers (not its embeddings or output projection, which belong
+  # to the ASR vocabulary): its cross-attention has learned to follow the encoder.
+  config.st.carry_decoder_layers = False
 
   # --- evaluation ----------------------------------------------------------------------------
   e = config.eval = ml_collections.ConfigDict()

@@ -63,6 +63,14 @@ class CorpusSpec:
   text: tuple[str, ...] = ("catalogs",)
   wheel_cache: str = ""                   # default: ~/.cache/multiformer_jax/wheels
 
+  def __post_init__(self):
+    if not self.text or set(self.text) - set(TEXT_SOURCES):
+      raise ValueError(f"embedded corpus text sources {','.join(self.text)!r}; valid: "
+                       f"comma-separated {', '.join(TEXT_SOURCES)}")
+    if self.train_speakers_per_sentence < 1:
+      raise ValueError(f"speakers per training sentence {self.train_speakers_per_sentence}; "
+                       f"valid: 1 or more")
+
   def directions(self):
     return [(s, self.target) for s in self.sources if s != self.target]
 
@@ -268,16 +276,17 @@ def main(argv=None):
                       help="at most this many dev and test sentences (0: 8%% each)")
   args = parser.parse_args(argv)
   text = tuple(t for t in args.text.split(",") if t)
-  if set(text) - set(TEXT_SOURCES) or not text:
-    parser.error(f"--text {args.text!r}; valid: comma-separated {TEXT_SOURCES}")
   languages = tuple(args.sources.split(","))
   unknown = [l for l in languages + (args.target,) if l not in ESPEAK_VOICE]
   if unknown:
     parser.error(f"unsupported language(s) {unknown}; valid: {sorted(ESPEAK_VOICE)}")
-  spec = CorpusSpec(sources=languages, target=args.target, seed=args.seed,
-                    max_sentences=args.max_sentences,
-                    train_speakers_per_sentence=args.speakers_per_sentence, text=text,
-                    max_heldout=args.max_heldout)
+  try:
+    spec = CorpusSpec(sources=languages, target=args.target, seed=args.seed,
+                      max_sentences=args.max_sentences,
+                      train_speakers_per_sentence=args.speakers_per_sentence, text=text,
+                      max_heldout=args.max_heldout)
+  except ValueError as error:
+    parser.error(str(error))
   for root in build(args.out, spec, args.workers):
     print(f"built {root}")
 

@@ -299,13 +299,24 @@ def model_config_for(config, vocab_size: int, tags=None, stage: str | None = Non
   return ModelConfig.from_dict(values)
 
 
-def carry_encoder(params, asr_params, log: logging.Logger):
-  """ST init: the encoder from the ASR checkpoint, the decoder fresh. Shapes must fit."""
+def carried_from_asr(name: str, decoder_layers: bool) -> bool:
+  """Whether ST init takes tensor `name` from the ASR checkpoint: the encoder; with
+  `decoder_layers` also the decoder's layers and final norm (its embeddings, output projection
+  and CTC head belong to the ASR vocabulary)."""
+  if name.startswith("encoder/"):
+    return True
+  return decoder_layers and (name.startswith("decoder/layers_") or
+                             name.startswith("decoder/layer_norm/"))
+
+
+def carry_encoder(params, asr_params, log: logging.Logger, decoder_layers: bool = False):
+  """ST init: the encoder from the ASR checkpoint (and with `decoder_layers` the decoder's
+  layers), the rest fresh. Shapes must fit."""
   flat_new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
   flat_asr = flax.traverse_util.flatten_dict(dict(asr_params), sep="/")
   restored, fresh, mismatched = [], [], []
   for name, value in flat_new.items():
-    if name.startswith("encoder/") and name in flat_asr:
+    if carried_from_asr(name, decoder_layers) and name in flat_asr:
       if tuple(np.shape(flat_asr[name])) != tuple(value.shape):
         mismatched.append(f"{name}: ASR {tuple(np.shape(flat_asr[name]))} vs ST "
                           f"{tuple(value.shape)}")
@@ -314,19 +325,19 @@ def carry_encoder(params, asr_params, log: logging.Logger):
         restored.append(name)
     else:
       fresh.append(name)
-  missing = [n for n in flat_new if n.startswith("encoder/") and n not in flat_asr]
+  missing = [n for n in flat_new if carried_from_asr(n, decoder_layers) and n not in flat_asr]
   if mismatched or missing:
-    raise ValueError("the ASR checkpoint's encoder does not fit the ST model config:\n  " +
+    raise ValueError("the ASR checkpoint does not fit the ST model config:\n  " +
                      "\n  ".join(mismatched + [f"{n}: not in the ASR checkpoint"
                                                for n in missing]) +
-                     "\nUse the same model.* encoder settings for both stages.")
-  skipped = sorted(n for n in flat_asr if not n.startswith("encoder/"))
-  log.info("ST init: restored %d encoder tensors from ASR, skipped %d ASR tensors (decoder: "
-           "different vocabulary), freshly initialised %d tensors", len(restored),
-           len(skipped), len(fresh))
+                     "\nUse the same model.* settings for both stages.")
+  skipped = sorted(n for n in flat_asr if not carried_from_asr(n, decoder_layers))
+  log.info("ST init: restored %d %s tensors from ASR, skipped %d ASR tensors (vocabulary-"
+           "bound), freshly initialised %d tensors", len(restored),
+           "encoder and decoder-layer" if decoder_layers else "encoder", len(skipped),
+           len(fresh))
   for title, names in (("restored", restored), ("skipped", skipped), ("fresh", fresh)):
-    log.info("  %s: %s", title, ", ".join(sorted({n.split("/")[1] if n.count("/") > 1 else n
-                                                  for n in names})))
+    log.info("  %s: %s", title, ", ".join(sorted({"/".join(n.split("/")[:2]) for n in names})))
   return flax.traverse_util.unflatten_dict(flat_new, sep="/")
 
 
@@ -401,7 +412,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
     asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
     log.info("ST encoder from the ASR stage: %s", which)
-    state = state.replace(params=carry_encoder(state.params, asr_params, log))
+    state = state.replace(params=carry_encoder(state.params, asr_params, log,
+                                               scfg.get("carry_decoder_layers", False)))
   log.info("%s: %d parameters; encoder key block %d, FFN token chunk %d (0 = dense; "
            "model.key_block_size / ffn_token_chunk, -1 = by backend)", stage,
            sum(x.size for x in jax.tree_util.tree_leaves(state.params)),
@@ -518,8 +530,11 @@ def ensure_prepared(config, log: logging.Logger):
   if d.embedded:
     log.info("building the embedded corpus in %s", d.root)
     for target in d.embedded_target.split(","):
-      spec = embedded_corpus.CorpusSpec(sources=tuple(d.embedded_sources.split(",")),
-                                        target=target, seed=d.seed)
+      spec = embedded_corpus.CorpusSpec(
+          sources=tuple(d.embedded_sources.split(",")), target=target, seed=d.seed,
+          text=tuple(d.get("embedded_text", "catalogs").split(",")),
+          train_speakers_per_sentence=d.get("embedded_speakers_per_sentence", 2),
+          max_heldout=d.get("embedded_max_heldout", 0))
       embedded_corpus.build(d.root, spec)
   log.info("preparing %s -> %s", d.root, d.prepared_dir)
   prepare.prepare(d.corpus, d.root, d.pairs.split(","), d.prepared_dir,

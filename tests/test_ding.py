@@ -108,3 +108,31 @@ def test_ding_sentences_join_the_plan_with_unseen_heldout_sentences(monkeypatch,
   texts = {split: {s.source for talk in talks for s in talk} for split, talks in plan.items()}
   assert len(texts["dev"]) == len(texts["tst-COMMON"]) == 5
   assert not (texts["dev"] | texts["tst-COMMON"]) & texts["train"]
+
+
+def test_a_bad_text_source_names_the_valid_ones():
+  from data_prep import embedded_corpus as ec
+  with pytest.raises(ValueError, match="'catalogs,wiki'; valid: comma-separated catalogs, ding"):
+    ec.CorpusSpec(text=("catalogs", "wiki"))
+  with pytest.raises(SystemExit):
+    ec.main(["--out", "unused", "--text", "wiki"])
+
+
+def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
+  """run.py builds the embedded corpus the quickstart names: Ding + catalogs, one voice per
+  training sentence, 300 held-out sentences per split."""
+  import logging
+  from configs import quickstart
+  from data_prep import embedded_corpus as ec
+  from data_prep import prepare
+  from multiformer_jax import train
+  built, prepared = [], []
+  monkeypatch.setattr(ec, "build", lambda root, spec: built.append((root, spec)))
+  monkeypatch.setattr(prepare, "prepare", lambda *args: prepared.append(args))
+  config = quickstart.get_config()
+  config.data.prepared_dir = str(tmp_path / "prepared")
+  train.ensure_prepared(config, logging.getLogger("test"))
+  (root, spec), = built
+  assert (spec.text, spec.train_speakers_per_sentence, spec.max_heldout) == (
+      ("catalogs", "ding"), 1, 300)
+  assert root == config.data.root and prepared[0][1] == config.data.root

@@ -260,8 +260,30 @@ def test_an_asr_encoder_that_does_not_fit_the_st_config_is_named(prepared):
   st_params = train.init_params(st_model, jax.random.PRNGKey(1))
   with pytest.raises(ValueError, match=r"(?s)does not fit the ST model config.*"
                                        r"encoder/layers_0/ffn/fc1/kernel: ASR \(16, 32\) vs ST "
-                                       r"\(16, 24\).*same model\.\* encoder settings"):
+                                       r"\(16, 24\).*same model\.\* settings"):
     train.carry_encoder(st_params, asr_params, train.logging.getLogger("test"))
+
+
+@pytest.mark.parametrize("decoder_layers", [False, True])
+def test_st_init_carries_the_encoder_and_optionally_the_decoder_layers(prepared,
+                                                                      decoder_layers):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  asr_params = train.init_params(train.S2TModel(train.model_config_for(config, 40)),
+                                 jax.random.PRNGKey(0))
+  st_params = train.init_params(train.S2TModel(train.model_config_for(config, 50)),
+                                jax.random.PRNGKey(1))
+  carried = train.carry_encoder(st_params, asr_params, train.logging.getLogger("test"),
+                                decoder_layers)
+  flat = lambda tree: train.flax.traverse_util.flatten_dict(dict(tree), sep="/")
+  asr, st, new = flat(asr_params), flat(st_params), flat(carried)
+  assert set(new) == set(st)
+  for name, value in new.items():
+    from_asr = name.startswith("encoder/") or (
+        decoder_layers and name.split("/")[1].startswith(("layers_", "layer_norm")))
+    np.testing.assert_array_equal(value, asr[name] if from_asr else st[name], err_msg=name)
+  assert any(n.startswith("decoder/layers_") for n in new)
+  assert new["decoder/embed_tokens/embedding"].shape[0] == 50
 
 
 def test_an_unwritable_workdir_is_named_before_anything_runs(prepared, tmp_path):
