@@ -16,7 +16,7 @@ from configs import default
 
 # Updates per stage: the default fits the 20-minute budget on 2 CPU cores, `long` 60 minutes.
 UPDATES = {"asr": 800, "st": 700}
-LONG_UPDATES = {"asr": 3000, "st": 2400}
+LONG_UPDATES = {"asr": 4000, "st": 3000}
 
 
 def get_config(arg=None):
