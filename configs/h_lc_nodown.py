@@ -5,7 +5,7 @@ Layout: 12x(2*local(65)+2*conv(5,2))
 The thesis trained it with max 5000 frames x update_freq 64 and lost many batches to
 out-of-memory on an 11 GB RTX 2080 Ti (about 410 h per model).
 
-Reported (MuST-C En-De tst-COMMON): BLEU 21.78; ASR WER 14.0.
+Reported (MuST-C En-De tst-COMMON, App. B Table 5): BLEU 21.78; ASR WER 14.0.
 (s2t_transformer_s without downsampling: WER 13.76, BLEU 22.31.)
 
 Run:  python run.py --config=configs/h_lc_nodown.py --workdir=runs/h_lc_nodown
@@ -15,6 +15,9 @@ from configs import default
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_h_lc (no downsampling)", "12x(2*local(65)+2*conv(5,2))", reported_bleu=21.78, reported_wer=14.0,
+  config = default.multiformer("s2t_multiformer_s_h_lc (no downsampling)", "12x(2*local(65)+2*conv(5,2))", reported_bleu=21.78, reported_wer=14.0,
                              arg=arg, conv_strides=(1, 1),
                              **default.NODOWN_MEMORY_OPTIONS)
+  config.reported.source = ("Sant 2022 (Multiformer thesis), App. B Table 5, MuST-C En-De "
+                            "tst-COMMON")
+  return config

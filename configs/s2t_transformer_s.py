@@ -18,5 +18,6 @@ def get_config(arg=None):
   config.name = "s2t_transformer_s"
   config.reported.bleu = 22.7
   config.reported.wer = 13.53
-  config.reported.source = "fairseq S2T (Wang et al. 2020), MuST-C En-De tst-COMMON"
+  config.reported.source = ("MuST-C En-De tst-COMMON; BLEU: fairseq S2T (Wang et al. 2020); ASR "
+                            "WER: the Multiformer thesis's run (Sant 2022, App. A Table 3)")
   return default.apply_arg(config, arg)

@@ -40,6 +40,24 @@ def test_every_config_round_trips(name):
   assert format_layout(parse_layout(text)) == text
 
 
+# Sant 2022, App. A Table 3 (ASR WER) and Table 2 (ST BLEU), MuST-C En-De tst-COMMON, transcribed.
+THESIS_TABLES = {"s2t_transformer_s": (13.53, 22.7),  # BLEU: fairseq's published figure
+                 "multiformer_full": (13.47, 22.2), "multiformer_fast": (16.16, 20.28),
+                 "multiformer_local": (14.00, 22.0), "multiformer_conv_5_2": (13.58, 22.36),
+                 "multiformer_conv_7_3": (13.86, 21.91), "multiformer_l_lc": (13.92, 21.55),
+                 "multiformer_l_cl": (13.40, 22.36), "multiformer_h_lc": (13.45, 22.52),
+                 "multiformer_s": (13.60, 22.42), "s2t_v2": (13.74, 22.63),
+                 "multiformer_v3": (13.46, 22.41), "multiformer_v4": (13.50, 22.28),
+                 "multiformer_v5": (13.54, 22.6)}
+
+
+@pytest.mark.parametrize("name", sorted(THESIS_TABLES))
+def test_thesis_configs_report_the_tables_numbers(name):
+  config = importlib.import_module(f"configs.{name}").get_config()
+  assert (config.reported.wer, config.reported.bleu) == THESIS_TABLES[name]
+  assert "Table 3" in config.reported.source
+
+
 @pytest.mark.parametrize("text, kwargs, message", [
     ("12x(4*attn)", {}, "unknown head kind 'attn'; valid kinds: full, local"),
     ("12x(4*local(64))", {}, "local window must be an odd number >= 1"),
