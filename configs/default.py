@@ -155,7 +155,8 @@ def stage_config(lr):
   s.ctc_weight = 0.0           # ASR only: hybrid CTC/attention loss weight (ESPnet's
                                # mtlalpha), 0 in the papers' recipes
   s.eval_every = 1000          # updates between dev evaluations + checkpoints
-  s.keep_last = 5              # checkpoints kept besides the best (by dev loss)
+  s.keep_last = 10             # checkpoints kept besides the best (by dev loss); at least
+                               # the number averaged (eval.average_last, encoder_init_average)
   return s
 
 

@@ -57,9 +57,11 @@ class StageCheckpoints:
     return min(scored)[1] if scored else self.latest()
 
   def save(self, step: int, state, meta: dict):
-    """Saves, then keeps only the last `keep_last` checkpoints and the best one."""
+    """Saves, then keeps only the last `keep_last` checkpoints and the best one. The meta
+    records the step saved before this one, so averaging can follow unbroken runs of saves."""
     if step in self.manager.all_steps():
       return
+    meta = {**meta, "previous_step": self.latest()}
     try:
       self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                       meta=ocp.args.JsonSave(meta)))
@@ -111,11 +113,30 @@ class StageCheckpoints:
     state, _ = self.restore(step)
     return state["params"] if isinstance(state, dict) else state.params
 
-  def averaged_params(self, last: int):
-    """The mean of the parameters of the last `last` checkpoints (fairseq's averaging)."""
-    steps = self.steps()[-last:]
+  def contiguous_steps(self, last: int) -> list[int]:
+    """Up to `last` of the latest checkpoints with no save missing between them (following
+    each checkpoint's previous_step back from the latest): a best checkpoint kept from long
+    before the last `keep_last` is never averaged with them."""
+    steps = self.steps()
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    chain = [steps[-1]]
+    while len(chain) < last:
+      try:
+        previous = self.meta(chain[-1]).get("previous_step", "unrecorded")
+      except Exception:  # pylint: disable=broad-except
+        break                                     # unreadable meta: stop the run here
+      if previous == "unrecorded":                # saved without the link: the order is all
+        previous = max((s for s in steps if s < chain[-1]), default=None)
+      if previous is None or previous not in steps:
+        break
+      chain.append(previous)
+    return sorted(chain)
+
+  def averaged_params(self, last: int):
+    """The mean of the parameters of the last `last` contiguous checkpoints (fairseq's
+    averaging); fewer if fewer are kept."""
+    steps = self.contiguous_steps(last)
     total = None
     for step in steps:
       params = jax.tree_util.tree_map(np.asarray, self.params(step))
@@ -126,6 +147,9 @@ class StageCheckpoints:
     """'latest' | 'best' | 'average' -> (params, description)."""
     if which == "average":
       params, steps = self.averaged_params(average_last)
+      if len(steps) < average_last:
+        return params, (f"average of steps {steps} (the {len(steps)} contiguous checkpoints "
+                        f"kept of the {average_last} asked for)")
       return params, f"average of steps {steps}"
     step = self.best() if which == "best" else self.latest()
     if step is None:

@@ -541,6 +541,24 @@ def ensure_prepared(config, log: logging.Logger):
                   [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab)
 
 
+def check_checkpoint_retention(config):
+  """Averaging N checkpoints needs N kept: each stage's keep_last must cover eval.average_last
+  (evaluation by "average") and the ASR stage's st.encoder_init_average (ST encoder init by
+  "average")."""
+  needs = []
+  if config.eval.checkpoint == "average":
+    needs += [(stage, config.eval.average_last, "eval.average_last")
+              for stage in config.train.stages]
+  if ("st" in config.train.stages and "asr" in config.train.stages and
+      config.st.encoder_init == "average"):
+    needs.append(("asr", config.st.encoder_init_average, "st.encoder_init_average"))
+  for stage, count, key in needs:
+    if config[stage].keep_last < count:
+      raise ValueError(f"{stage}.keep_last={config[stage].keep_last} keeps fewer checkpoints "
+                       f"than {key}={count} averages; set {stage}.keep_last >= {count} or "
+                       f"lower {key}")
+
+
 def train_and_evaluate(config, workdir: str) -> dict:
   """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation."""
   from multiformer_jax import evaluate  # pylint: disable=import-outside-toplevel
@@ -549,6 +567,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   if bad_stages or not config.train.stages:
     raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
                      f"valid stages: {ip.TASKS}")
+  check_checkpoint_retention(config)
   if jax.process_index() == 0:
     ckpt_lib.save_config(workdir, config)
   ensure_prepared(config, log)

@@ -121,3 +121,18 @@ def test_checkpoint_averaging_is_the_mean_of_the_parameter_trees(tmp_path):
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6),
                          params, expected)
   assert which == "average of steps [20, 30, 40]"
+
+
+def test_averaging_takes_contiguous_checkpoints_only(tmp_path):
+  """keep_last 2 keeps the best (step 10) beside the last two: averaging 3 must not reach
+  back over the deleted steps 20 and 30 to it."""
+  checkpoints = ckpt_lib.StageCheckpoints(str(tmp_path / "ckpt"), keep_last=2)
+  for step in (10, 20, 30, 40, 50):
+    checkpoints.save(step, {"params": {"w": np.full(2, step, np.float32)}},
+                     {"dev_loss": 1.0 if step == 10 else float(step)})
+  assert checkpoints.steps() == [10, 40, 50]
+  params, which = checkpoints.select_params("average", 3)
+  np.testing.assert_allclose(params["w"], [45.0, 45.0])
+  assert which == ("average of steps [40, 50] (the 2 contiguous checkpoints kept of the 3 "
+                   "asked for)")
+  assert checkpoints.contiguous_steps(2) == [40, 50]

@@ -134,6 +134,19 @@ def test_inverse_sqrt_schedule():
                              [0.0, 1e-3, 2e-3, 1e-3], rtol=1e-6)
 
 
+def test_averaging_more_checkpoints_than_kept_is_refused_before_training(tmp_path):
+  config = tiny_config(str(tmp_path / "unprepared"))
+  config.eval.checkpoint, config.eval.average_last = "average", 3
+  with pytest.raises(ValueError, match=r"asr.keep_last=2 keeps fewer checkpoints than "
+                                       r"eval.average_last=3 averages; set asr.keep_last >= 3"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  config.eval.average_last = 2
+  config.st.encoder_init, config.st.encoder_init_average = "average", 5
+  with pytest.raises(ValueError, match="asr.keep_last=2 .* st.encoder_init_average=5"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")      # nothing written
+
+
 def test_polynomial_decay_schedule_is_fairseqs():
   """Against fairseq's PolynomialDecayLRSchedule.step_update, transcribed."""
   def fairseq_lr(num_updates, lr=3e-3, warmup=100, total=1000, power=1.0, end=0.0):
