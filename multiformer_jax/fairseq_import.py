@@ -141,22 +141,44 @@ def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> di
   return {"encoder": encoder, "decoder": decoder}
 
 
+def _as_dict(value) -> dict:
+  """A fairseq config node as a dict: a Mapping or omegaconf DictConfig (`items`) or an
+  argparse Namespace (`vars`)."""
+  if hasattr(value, "items"):
+    return dict(value.items())
+  return dict(vars(value))
+
+
+def fairseq_model_args(checkpoint: Mapping[str, Any], path: str) -> dict:
+  """The model arguments of a loaded fairseq checkpoint: `cfg['model']` (fairseq >= 0.10) or
+  `args` (older), each a dict, DictConfig or Namespace."""
+  if checkpoint.get("cfg") is not None:
+    cfg = checkpoint["cfg"]
+    model = cfg.get("model") if hasattr(cfg, "get") else getattr(cfg, "model", None)
+    if model is not None:
+      return _as_dict(model)
+  if checkpoint.get("args") is not None:
+    return _as_dict(checkpoint["args"])
+  raise FairseqImportError(f"{path} has neither 'cfg' with a 'model' section nor 'args': "
+                           f"cannot tell its architecture")
+
+
 def load_fairseq_checkpoint(path: str, **overrides):
-  """Reads a fairseq `.pt` checkpoint -> (ModelConfig, params). Needs torch installed."""
+  """Reads a fairseq `.pt` checkpoint -> (ModelConfig, params). Needs torch installed (and
+  omegaconf for checkpoints of fairseq >= 0.10, which pickle their config with it)."""
   try:
     import torch  # pylint: disable=import-outside-toplevel
   except ImportError as e:
     raise ImportError("reading fairseq .pt checkpoints needs PyTorch: pip install torch") from e
-  checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+  try:
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+  except ModuleNotFoundError as e:
+    raise ImportError(f"{path} was pickled with the module {e.name!r}, which is not installed "
+                      f"(fairseq >= 0.10 saves its config with omegaconf): pip install "
+                      f"{e.name}") from e
   if "model" not in checkpoint:
     raise FairseqImportError(f"{path} has no 'model' weights; keys: {sorted(checkpoint)}")
   state_dict = {k: v.float().numpy() for k, v in checkpoint["model"].items()}
-  if checkpoint.get("cfg") is not None:
-    args = dict(checkpoint["cfg"]["model"].items()) if hasattr(
-        checkpoint["cfg"]["model"], "items") else vars(checkpoint["cfg"]["model"])
-  elif checkpoint.get("args") is not None:
-    args = vars(checkpoint["args"])
-  else:
-    raise FairseqImportError(f"{path} has neither 'cfg' nor 'args': cannot tell its architecture")
+  args = fairseq_model_args(checkpoint, path)
   config = model_config_from_fairseq(args, state_dict, **overrides)
   return config, convert_state_dict(state_dict, config)

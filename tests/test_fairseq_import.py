@@ -13,7 +13,7 @@ import pytest
 
 from multiformer_jax import build_model, init_params
 from multiformer_jax.fairseq_import import (FairseqImportError, convert_state_dict,
-                                            model_config_from_fairseq)
+                                            fairseq_model_args, model_config_from_fairseq)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "fairseq_s2t_tiny.npz")
 
@@ -52,3 +52,18 @@ def test_import_rejects_what_it_cannot_use(fixture):
     convert_state_dict({k: v for k, v in state.items() if "fc1" not in k}, config)
   with pytest.raises(FairseqImportError, match="not understood by this model"):
     convert_state_dict({**state, "encoder.ctc_proj.weight": np.zeros((3, 3))}, config)
+
+
+def test_model_args_from_every_checkpoint_layout():
+  """fairseq < 0.10 pickles `args` as a Namespace (some tools rewrite it as a dict); >= 0.10
+  `cfg` whose `model` is a DictConfig (here: any mapping) or a Namespace."""
+  import argparse
+  args = {"arch": "s2t_transformer_s", "encoder_layers": 12}
+  layouts = [{"args": argparse.Namespace(**args)}, {"args": dict(args)},
+             {"cfg": {"model": dict(args)}, "args": None},
+             {"cfg": {"model": argparse.Namespace(**args)}}]
+  for checkpoint in layouts:
+    assert fairseq_model_args(checkpoint, "x.pt") == args
+  with pytest.raises(FairseqImportError, match="x.pt has neither 'cfg' with a 'model' section "
+                                               "nor 'args'"):
+    fairseq_model_args({"cfg": {"task": {}}, "model": {}}, "x.pt")
