@@ -309,7 +309,7 @@ def carried_from_asr(name: str, decoder_layers: bool) -> bool:
                              name.startswith("decoder/layer_norm/"))
 
 
-def carry_encoder(params, asr_params, log: logging.Logger, decoder_layers: bool = False):
+def carry_from_asr(params, asr_params, log: logging.Logger, decoder_layers: bool = False):
   """ST init: the encoder from the ASR checkpoint (and with `decoder_layers` the decoder's
   layers), the rest fresh. Shapes must fit."""
   flat_new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
@@ -412,8 +412,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
     asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
     log.info("ST encoder from the ASR stage: %s", which)
-    state = state.replace(params=carry_encoder(state.params, asr_params, log,
-                                               scfg.get("carry_decoder_layers", False)))
+    state = state.replace(params=carry_from_asr(state.params, asr_params, log,
+                                                scfg.get("carry_decoder_layers", False)))
   log.info("%s: %d parameters; encoder key block %d, FFN token chunk %d (0 = dense; "
            "model.key_block_size / ffn_token_chunk, -1 = by backend)", stage,
            sum(x.size for x in jax.tree_util.tree_leaves(state.params)),

@@ -261,7 +261,7 @@ def test_an_asr_encoder_that_does_not_fit_the_st_config_is_named(prepared):
   with pytest.raises(ValueError, match=r"(?s)does not fit the ST model config.*"
                                        r"encoder/layers_0/ffn/fc1/kernel: ASR \(16, 32\) vs ST "
                                        r"\(16, 24\).*same model\.\* settings"):
-    train.carry_encoder(st_params, asr_params, train.logging.getLogger("test"))
+    train.carry_from_asr(st_params, asr_params, train.logging.getLogger("test"))
 
 
 @pytest.mark.parametrize("decoder_layers", [False, True])
@@ -273,8 +273,8 @@ def test_st_init_carries_the_encoder_and_optionally_the_decoder_layers(prepared,
                                  jax.random.PRNGKey(0))
   st_params = train.init_params(train.S2TModel(train.model_config_for(config, 50)),
                                 jax.random.PRNGKey(1))
-  carried = train.carry_encoder(st_params, asr_params, train.logging.getLogger("test"),
-                                decoder_layers)
+  carried = train.carry_from_asr(st_params, asr_params, train.logging.getLogger("test"),
+                                 decoder_layers)
   flat = lambda tree: train.flax.traverse_util.flatten_dict(dict(tree), sep="/")
   asr, st, new = flat(asr_params), flat(st_params), flat(carried)
   assert set(new) == set(st)
