@@ -10,6 +10,10 @@ Layouts (as distributed; the embedded corpus uses MuST-C's):
   Europarl-ST    {root}/{src}/{tgt}/{split}/segments.lst ("speech_id start end" seconds),
                  segments.{src}, segments.{tgt}; audio {root}/{src}/audios/{speech_id}.wav|flac
                  (the distributed .m4a must be converted first); splits: train, dev, test
+  CoVoST 2       {root}/{src}/validated.tsv and clips/{path} (Common Voice 4.0 for the source
+                 language), {root}/{src}/covost_v2.{src}_{tgt}.tsv (the CoVoST release,
+                 extracted); as fairseq's prep_covost_data.py: clips joined on `path`, train =
+                 the tsv's train + train_covost rows; splits: train, dev, test
 
 `root` may also be the `{src}-{tgt}` directory itself. A missing or wrongly laid out corpus
 raises CorpusLayoutError naming the directory, the expected layout and where to get it.
@@ -17,6 +21,7 @@ raises CorpusLayoutError naming the directory, the expected layout and where to 
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import os
 
@@ -45,6 +50,8 @@ class SegmentRecord:
   source_lang: str
   target_lang: str
   domain: str
+  whole_file: bool = False   # the segment is the whole audio file (offset and duration unused
+                             # but for planning: the duration is then an estimate)
 
 
 _OBTAIN = {
@@ -54,10 +61,18 @@ _OBTAIN = {
     "mtedx": "mTEDx is downloaded from https://www.openslr.org/100 (e.g. mtedx_es-en.tgz).",
     "europarl_st": "Europarl-ST is downloaded from https://www.mllp.upv.es/europarl-st/ "
                    "(v1.1); convert audios/*.m4a to 16 kHz wav or flac first.",
+    "covost2": "CoVoST 2 needs Common Voice 4.0 for the source language "
+               "(https://commonvoice.mozilla.org/datasets, untarred into {root}/{src}) and the "
+               "translations, https://dl.fbaipublicfiles.com/covost/covost_v2.{src}_{tgt}.tsv"
+               ".tar.gz, extracted into the same directory.",
 }
 SPLITS = {"mustc": ("train", "dev", "tst-COMMON", "tst-HE"),
           "mtedx": ("train", "valid", "test"),
-          "europarl_st": ("train", "dev", "test")}
+          "europarl_st": ("train", "dev", "test"),
+          "covost2": ("train", "dev", "test")}
+# Common Voice clips last 5 s on average (at most 10 s); CoVoST lists no durations, and
+# reading every clip's header only to plan the feature shards is not worth it.
+COVOST_NOMINAL_CLIP_S = 5.0
 
 
 def split_pair(pair: str) -> tuple[str, str]:
@@ -156,12 +171,60 @@ def read_europarl_st(root: str, pair: str = "de-en", split: str = "train"):
   return records
 
 
-READERS = {"mustc": read_mustc, "mtedx": read_mtedx, "europarl_st": read_europarl_st}
+def _read_tsv(path: str) -> list[dict]:
+  """A Common Voice / CoVoST tsv (header row, tab-separated, no quoting) -> rows as dicts."""
+  with open(path, encoding="utf-8", newline="") as f:
+    reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+    return list(reader)
+
+
+def read_covost2(root: str, pair: str = "fr-en", split: str = "train"):
+  src, tgt = split_pair(pair)
+  if split not in SPLITS["covost2"]:
+    raise ValueError(f"unknown covost2 split {split!r}; valid: {SPLITS['covost2']}")
+  base = root if os.path.basename(os.path.normpath(root)) == src else os.path.join(root, src)
+  cv_tsv = os.path.join(base, "validated.tsv")
+  covost_tsv = os.path.join(base, f"covost_v2.{src}_{tgt}.tsv")
+  expected = (f"  {base}/validated.tsv, {base}/clips/<path>.mp3 (Common Voice 4.0, {src})\n"
+              f"  {covost_tsv}")
+  if not os.path.isdir(root):
+    raise _layout_error("covost2", root, expected, "corpus directory does not exist")
+  missing = [p for p in (cv_tsv, covost_tsv) if not os.path.isfile(p)]
+  if missing:
+    raise _layout_error("covost2", base, expected, f"missing {', '.join(missing)}")
+  clips = {}
+  for row in _read_tsv(cv_tsv):
+    if "path" not in row or "sentence" not in row:
+      raise CorpusLayoutError(f"{cv_tsv}: expected the columns path, sentence, client_id; "
+                              f"found {sorted(row)}")
+    clips[row["path"]] = row
+  wanted = {split, f"{split}_covost"} if split == "train" else {split}
+  records = []
+  for row in _read_tsv(covost_tsv):
+    if "translation" not in row or "split" not in row:
+      raise CorpusLayoutError(f"{covost_tsv}: expected the columns path, translation, split; "
+                              f"found {sorted(row)}")
+    if row["split"] not in wanted or row["path"] not in clips:
+      continue                                   # fairseq's inner join on path
+    clip = clips[row["path"]]
+    name = os.path.splitext(row["path"])[0]
+    records.append(SegmentRecord(
+        id=name, talk=name, speaker=clip.get("client_id", "") or name,
+        audio_path=os.path.join(base, "clips", row["path"]), offset=0.0,
+        duration=COVOST_NOMINAL_CLIP_S, source_text=clip["sentence"],
+        target_text=row["translation"], source_lang=src, target_lang=tgt, domain="covost",
+        whole_file=True))
+  return records
+
+
+READERS = {"mustc": read_mustc, "mtedx": read_mtedx, "europarl_st": read_europarl_st,
+           "covost2": read_covost2}
 # Another corpus's name for a split, so one split name serves corpora prepared together
 # (e.g. dev = mTEDx's valid, test = MuST-C's tst-COMMON).
 SPLIT_ALIASES = {"mustc": {"valid": "dev", "test": "tst-COMMON"},
                  "mtedx": {"dev": "valid", "tst-COMMON": "test"},
-                 "europarl_st": {"valid": "dev", "tst-COMMON": "test"}}
+                 "europarl_st": {"valid": "dev", "tst-COMMON": "test"},
+                 "covost2": {"valid": "dev", "tst-COMMON": "test"}}
 
 
 def read_corpus(corpus: str, root: str, pair: str, split: str) -> list[SegmentRecord]:

@@ -78,7 +78,8 @@ def process_talk(job) -> dict:
       skipped.append((r["id"], "empty text"))
       continue
     try:
-      segment = cut_segment(audio, r["offset"], r["duration"])
+      segment = audio if r.get("whole_file") else cut_segment(audio, r["offset"],
+                                                               r["duration"])
     except AudioError as e:
       skipped.append((r["id"], e.reason))
       continue

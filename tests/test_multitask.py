@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from data_prep import prepare, vocab
+from data_prep import corpora, prepare, vocab
 from multiformer_jax import ablate, analyze, decode, evaluate
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax import train
@@ -179,3 +179,63 @@ def test_two_corpora_prepare_as_one_multi_domain_dataset(tmp_path):
   assert len(set(data.ids)) == len(data.ids)                   # ids stay unique
   with pytest.raises(ValueError, match="one root per corpus"):
     prepare.prepare("mtedx,europarl_st", mtedx, ["es-en"], str(tmp_path / "x"), ["train"])
+
+
+def _write_covost(root, src, tgt, clips):
+  """CoVoST 2 layout: {root}/{src}/validated.tsv + clips/*.mp3 (Common Voice) and
+  {root}/{src}/covost_v2.{src}_{tgt}.tsv. clips: [(name, kind, split, sentence, translation)];
+  kind 'mp3' | 'corrupt' | 'absent' (in the CoVoST tsv only)."""
+  import soundfile  # pylint: disable=import-outside-toplevel
+  from tests.conftest import _audio  # pylint: disable=import-outside-toplevel
+  base = os.path.join(root, src)
+  os.makedirs(os.path.join(base, "clips"), exist_ok=True)
+  validated = ["client_id\tpath\tsentence\tup_votes\tdown_votes\tage\tgender\taccent"]
+  covost = ["path\tsentence\ttranslation\tclient_id\tsplit"]
+  for k, (name, kind, split, sentence, translation) in enumerate(clips):
+    path = f"{name}.mp3"
+    if kind == "mp3":
+      soundfile.write(os.path.join(base, "clips", path), _audio(1.0 + 0.1 * k), 16000,
+                      format="MP3")
+    elif kind == "corrupt":
+      with open(os.path.join(base, "clips", path), "wb") as f:
+        f.write(b"ID3 not an mp3" * 10)
+    if kind != "absent":
+      validated.append(f"client{k % 2}\t{path}\t{sentence}\t2\t0\t\t\t")
+    covost.append(f"{path}\t{sentence}\t{translation}\tclient{k % 2}\t{split}")
+  for name, lines in (("validated.tsv", validated), (f"covost_v2.{src}_{tgt}.tsv", covost)):
+    with open(os.path.join(base, name), "w", encoding="utf-8") as f:
+      f.write("\n".join(lines) + "\n")
+
+
+def test_covost2_reads_and_prepares_like_fairsegs_recipe(tmp_path):
+  """Clips joined on path (a CoVoST row without its Common Voice clip is dropped), train =
+  train + train_covost; a corrupt clip and an empty translation are skipped with reasons."""
+  root = str(tmp_path / "cv")
+  words = "le chat dort sur la table pendant que le chien mange".split()
+  clips = [(f"c{k}", "mp3", "train" if k % 2 else "train_covost",
+            " ".join(words[k % 4:k % 4 + 5]), f"the cat {k} sleeps on the table") for k in range(8)]
+  clips += [("bad", "corrupt", "train", "le chat", "the cat"),
+            ("empty", "mp3", "train", "le chien", ""),
+            ("gone", "absent", "train", "la table", "the table"),
+            ("d0", "mp3", "dev", "le chat dort", "the cat sleeps"),
+            ("d1", "mp3", "dev", "le chien mange", "the dog eats"),
+            ("t0", "mp3", "test", "la table", "the table")]
+  _write_covost(root, "fr", "en", clips)
+  train_records = corpora.read_covost2(root, "fr-en", "train")
+  assert sorted(r.id for r in train_records) == sorted(
+      [f"c{k}" for k in range(8)] + ["bad", "empty"])
+  first = next(r for r in train_records if r.id == "c0")
+  assert (first.source_text, first.speaker, first.whole_file) == ("le chat dort sur la",
+                                                                  "client0", True)
+  assert [r.id for r in corpora.read_corpus("covost2", root, "fr-en", "valid")] == ["d0", "d1"]
+  out = str(tmp_path / "prepared")
+  summary = prepare.prepare("covost2", root, ["fr-en"], out, ["train", "dev"], asr_vocab=30,
+                            st_vocab=30, workers=1, progress=False)
+  assert summary["splits"] == {"train": 8, "dev": 2}
+  with open(os.path.join(out, "prep_report.json"), encoding="utf-8") as f:
+    report = json.load(f)["train"]
+  assert report["skipped"] == {"unreadable audio": 1, "empty text": 1}
+  with pytest.raises(corpora.CorpusLayoutError, match=r"missing .*covost_v2.fr_de.tsv"):
+    corpora.read_covost2(root, "fr-de", "train")
+  with pytest.raises(ValueError, match="unknown covost2 split 'tst-HE'"):
+    corpora.read_covost2(root, "fr-en", "tst-HE")
