@@ -7,7 +7,10 @@ write a results table like the thesis's Table 2 (markdown + CSV).
 
 Each config runs as `python run.py --config=FILE:ARG --workdir=WORKDIR/NAME` (so a rerun
 resumes, and one failing config does not stop the others); `--table-only` just collects the
-evaluation JSONs already in the workdir.
+evaluation JSONs already in the workdir. With `--seeds N` each config runs N times, seed k
+(train.seed = data.seed = k: initialisation, dropout, batch order) in WORKDIR/NAME/seed{k},
+and the table adds a row with the mean ± sample standard deviation over the seeds (the
+locality paper's Table 2 reports 5 seeds so).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -71,6 +75,32 @@ def collect_row(workdir: str, name: str, status: str = "") -> dict:
   return row
 
 
+def mean_std(values) -> str:
+  """'22.49 ± 0.11' (sample standard deviation) of the numbers among `values`; '' if none."""
+  numbers = [float(v) for v in values if isinstance(v, (int, float))]
+  if not numbers:
+    return ""
+  std = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
+  return f"{statistics.mean(numbers):.2f} ± {std:.2f}"
+
+
+def seeds_row(rows: list[dict], name: str) -> dict:
+  """The summary row of one config's runs over seeds: mean ± std of the scores, the summed
+  training time, and how many seeds finished."""
+  row = {c: "" for c in COLUMNS}
+  row["config"] = f"{name} (mean ± std, {len(rows)} seeds)"
+  row["encoder_layout"] = next((r["encoder_layout"] for r in rows if r["encoder_layout"]), "")
+  for column in ("asr_wer", "st_bleu"):
+    row[column] = mean_std(r[column] for r in rows)
+  for column in ("reported_bleu", "reported_wer"):
+    row[column] = rows[0][column] if rows else ""
+  walls = [r["train_wall_s"] for r in rows if isinstance(r["train_wall_s"], (int, float))]
+  row["train_wall_s"] = round(sum(walls), 1) if walls else ""
+  done = sum(r["status"] == "done" for r in rows)
+  row["status"] = f"{done} of {len(rows)} done"
+  return row
+
+
 def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
   os.makedirs(out_dir, exist_ok=True)
   csv_path = os.path.join(out_dir, "results.csv")
@@ -98,21 +128,33 @@ def main(argv=None):
   parser.add_argument("--arg", default="", help="variant passed to every config (file.py:ARG)")
   parser.add_argument("--set", default="", help="comma-separated key=value for every config")
   parser.add_argument("--table-only", action="store_true")
+  parser.add_argument("--seeds", type=int, default=1,
+                      help="runs per config with seeds 1..N (mean ± std rows); default 1")
   args = parser.parse_args(argv)
+  if args.seeds < 1:
+    parser.error(f"--seeds {args.seeds}: give a number of seeds >= 1")
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   rows = []
   for path in [p for p in args.configs.split(",") if p]:
     name = run_name(path)
-    workdir = os.path.join(args.workdir, name)
-    status = ""
-    if not args.table_only:
-      variant = ",".join(x for x in (args.arg, args.set, "eval.after_training=true") if x)
-      cmd = [sys.executable, os.path.join(repo, "run.py"), f"--config={path}:{variant}",
-             f"--workdir={workdir}"]
-      print("running:", " ".join(cmd), flush=True)
-      result = subprocess.run(cmd, check=False)
-      status = "done" if result.returncode == 0 else f"failed (exit {result.returncode})"
-    rows.append(collect_row(workdir, name, status))
+    runs = [(os.path.join(args.workdir, name), name, "")] if args.seeds == 1 else [
+        (os.path.join(args.workdir, name, f"seed{k}"), f"{name} (seed {k})",
+         f"train.seed={k},data.seed={k}") for k in range(1, args.seeds + 1)]
+    config_rows = []
+    for workdir, label, seed_set in runs:
+      status = ""
+      if not args.table_only:
+        variant = ",".join(x for x in (args.arg, args.set, seed_set,
+                                       "eval.after_training=true") if x)
+        cmd = [sys.executable, os.path.join(repo, "run.py"), f"--config={path}:{variant}",
+               f"--workdir={workdir}"]
+        print("running:", " ".join(cmd), flush=True)
+        result = subprocess.run(cmd, check=False)
+        status = "done" if result.returncode == 0 else f"failed (exit {result.returncode})"
+      config_rows.append(collect_row(workdir, label, status))
+    rows += config_rows
+    if args.seeds > 1:
+      rows.append(seeds_row(config_rows, name))
   md_path, csv_path = write_table(rows, args.workdir)
   with open(md_path, encoding="utf-8") as f:
     print(f.read())
