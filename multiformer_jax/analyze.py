@@ -124,8 +124,9 @@ class ContributionStats:
       self.curves[l].append(diag.diagonality_curve(c))
       self.windows[l].append(diag.select_window(c, self.threshold, self.patience_fraction))
 
-  def ccd_mean_std(self):
-    ccd = [[diag.curve_area(curve) for curve in curves] for curves in self.curves]
+  def ccd_mean_std(self, area=diag.curve_area):
+    """Per layer (mean, std) over the utterances of `area` (normalised CCD by default)."""
+    ccd = [[area(curve) for curve in curves] for curves in self.curves]
     return np.array([np.mean(v) for v in ccd]), np.array([np.std(v) for v in ccd])
 
   def contribution_loss(self, layer: int, window: int):
@@ -173,10 +174,12 @@ def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterance
         f"{run.stage.upper()} D(w, l), utterance {utt}",
         os.path.join(out_dir, f"diagonality_{run.stage}.png"))
     mean, std = stats.ccd_mean_std()
+    area_mean, area_std = stats.ccd_mean_std(diag.curve_area_unnormalised)
     series[f"{run.stage.upper()} ({run.config.name})"] = (mean, std)
     for l in range(len(mean)):
       rows.append({"stage": run.stage, "layer": l + 1, "ccd_mean": float(mean[l]),
-                   "ccd_std": float(std[l]), "utterances": count})
+                   "ccd_std": float(std[l]), "ccd_area_mean": float(area_mean[l]),
+                   "ccd_area_std": float(area_std[l]), "utterances": count})
   paths["ccd"] = plots.ccd_by_layer(series, f"CCD per layer ({count} utterances of "
                                     f"{runs[0].data.split})", os.path.join(out_dir, "ccd.png"))
   paths["table"] = write_table(rows, os.path.join(out_dir, "ccd"),

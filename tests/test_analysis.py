@@ -108,6 +108,11 @@ def test_diagonality_of_identity_and_uniform_matrices():
     assert diag.diagonality(uniform, w) == pytest.approx(inside / n / n)
     assert diag.contribution_loss(uniform, w) == pytest.approx(1 - inside / n / n)
   assert diag.cumulative_contribution_diagonality(uniform) == pytest.approx(curve.mean())
+  # The paper's CCD: the area under D(w) over the discrete w = 1 .. 2N.
+  area = sum(sum(1 for i in range(n) for j in range(n) if abs(i - j) <= w // 2) / n / n
+             for w in range(1, 2 * n + 1))
+  assert diag.curve_area_unnormalised(curve) == pytest.approx(area)
+  assert diag.curve_area_unnormalised(diag.diagonality_curve(identity)) == pytest.approx(2 * n)
   assert curve[-1] == pytest.approx(1.0)
   # Unnormalised rows give the same result: rows are normalised first.
   np.testing.assert_allclose(diag.diagonality_curve(3.0 * identity + 0.0), np.ones(2 * n))

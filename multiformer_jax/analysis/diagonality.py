@@ -43,6 +43,12 @@ def curve_area(curve: np.ndarray) -> float:
   return float(np.mean(curve))
 
 
+def curve_area_unnormalised(curve: np.ndarray) -> float:
+  """CCD as the paper defines it: the area under D(w) over the discrete w = 1 .. 2N (unit
+  steps), in (0, 2N]; it grows with the utterance's length, curve_area does not."""
+  return float(np.sum(curve))
+
+
 def diagonality(contributions: np.ndarray, window: int) -> float:
   """D(w, l) of one utterance."""
   return curve_at(diagonality_curve(contributions), window)
