@@ -332,3 +332,26 @@ def test_kernel_redraw_policies():
   np.testing.assert_array_equal(run(0, True), run(1, True))           # eval: fixed draw
   assert not np.allclose(run(0, False), run(1, False))                # train: per-step draw
   np.testing.assert_array_equal(run(3, False), run(3, False))         # same key, same draw
+
+
+def _speechformer_conv_keys(length: int, kernel: int, stride: int) -> tuple[int, int]:
+  """(keys computed, keys unmasked) of the Speechformer-style ConvAttention the thesis code
+  builds on, transcribed: right-pad to k + s*ceil((L-k)/s) (k if L <= k), Conv1d with
+  padding=s//2; the key mask's length is floor((L + 2*s//2 - k)/s + 1), where Python reads
+  2*s//2 as (2*s)//2 = s (so it can exceed the keys computed)."""
+  import math  # pylint: disable=import-outside-toplevel
+  padded = kernel + stride * math.ceil((length - kernel) / stride) if length > kernel else kernel
+  computed = (padded + 2 * (stride // 2) - kernel) // stride + 1
+  unmasked = math.floor((length + 2 * stride // 2 - kernel) / stride + 1)
+  return computed, unmasked
+
+
+@pytest.mark.parametrize("kernel, stride, ours, reference", [
+    (5, 2, 50, (50, 49)), (7, 3, 34, (32, 33))])
+def test_conv_key_counts_against_the_thesis_codes_padding(kernel, stride, ours, reference):
+  """A 100-frame utterance: this project pads k//2 on each side (README, "Choices ..."), the
+  reference code s//2 after right-padding: conv(5,2) attends to 49 of its 50 keys there, and
+  conv(7,3) computes 32 keys (34 here) under a 33-long mask."""
+  from multiformer_jax.attention.masks import conv_output_lengths
+  assert int(conv_output_lengths(100, kernel, stride, kernel // 2)) == ours
+  assert _speechformer_conv_keys(100, kernel, stride) == reference
