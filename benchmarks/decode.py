@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Results, machine, time_call  # noqa: E402
 from multiformer_jax import build_model, decode, init_params  # noqa: E402
-from multiformer_jax.evaluate import make_translate  # noqa: E402
+from multiformer_jax.inference import make_translate  # noqa: E402
 from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
 
 

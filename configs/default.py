@@ -13,6 +13,8 @@ THESIS_LOCAL = "local(65)"
 # on every backend: the thesis lost batches to out-of-memory on an 11 GB GPU, and with them a
 # 20 000-frame batch compiles to 3.3-3.7 GiB on an H100 in bf16 (11-21 GiB without).
 NODOWN_MEMORY_OPTIONS = {"key_block_size": 512, "ffn_token_chunk": 1024}
+# Their batch (thesis App. B): 5000 frames x update_freq 64 = 320k frames per update.
+NODOWN_BATCH = (5000, 64)
 
 
 def get_config(arg=None):
@@ -73,7 +75,8 @@ def get_config(arg=None):
   d = config.data = ml_collections.ConfigDict()
   d.prepared_dir = "data/prepared/mustc_en_de"   # python -m data_prep.prepare --out ...
   # If prepared_dir is not prepared yet, run.py prepares it from here (resumable):
-  d.corpus = "mustc"           # mustc | mtedx | europarl_st (the embedded corpus is mustc)
+  d.corpus = "mustc"           # mustc | mtedx | europarl_st | covost2 (the embedded corpus is
+                               # mustc)
   d.root = ""                  # the corpus download directory
   d.pairs = "en-de"            # comma-separated language pairs
   d.embedded = False           # build the embedded corpus into `root` first (no download)
@@ -88,7 +91,9 @@ def get_config(arg=None):
   d.train_split = "train"
   d.dev_split = "dev"
   d.test_split = "tst-COMMON"
-  d.max_frames = 40000         # padded source frames per global batch (fairseq max_tokens)
+  d.max_frames = 40000         # padded source frames per global batch (fairseq max_tokens);
+                               # x {stage}.update_freq = frames per update (fairseq's MuST-C
+                               # recipe: 40000 x 8 = 320k)
   d.num_buckets = 8            # distinct batch shapes (compilations) per split
   d.max_source_frames = 3000
   d.cmvn = "utterance"         # utterance | global | none
@@ -111,6 +116,8 @@ def get_config(arg=None):
   t.clip_norm = 10.0
   t.label_smoothing = 0.1
   t.max_consecutive_nonfinite = 10   # stop after this many skipped (non-finite) updates
+  t.early_stop_patience = 0    # end a stage after this many evaluations without a better dev
+                               # loss (fairseq --patience); 0 = train to max_updates
   t.kl_weight = 0.0            # head selection: weight of the KL term (0 in the paper's recipe)
   t.selection_temperature_decay = 0.0   # tau(u) = max(min, tau0 * exp(-decay * u)); 0 = fixed
   t.selection_temperature_min = 0.5
@@ -120,7 +127,8 @@ def get_config(arg=None):
   # --- the two stages ----------------------------------------------------------------------
   config.asr = stage_config(lr=1e-3)
   config.st = stage_config(lr=2e-3)
-  # ST stage: initialise the encoder from the ASR stage's latest | best | average checkpoint.
+  # ST stage: initialise the encoder from the ASR stage's latest | best | average (of the last
+  # N) | around_best (average of the N around the best) checkpoint, N = encoder_init_average.
   config.st.encoder_init = "average"
   config.st.encoder_init_average = 10
   # Also carry the ASR decoder's layers (not its embeddings or output projection, which belong
@@ -129,8 +137,10 @@ def get_config(arg=None):
 
   # --- evaluation ----------------------------------------------------------------------------
   e = config.eval = ml_collections.ConfigDict()
-  e.checkpoint = "average"     # latest | best | average
-  e.average_last = 10
+  e.checkpoint = "average"     # latest | best | average | around_best
+  e.average_last = 10          # "average": the mean of the last N contiguous checkpoints
+  e.average_around_best = 7    # "around_best": the mean of the N around the best by dev loss
+                               # (the thesis's 7); the stage keeps them whatever keep_last
   e.beam = 5
   e.length_penalty = 1.0
   e.max_len_a = 0.0            # max target tokens = a * source frames + b
@@ -140,6 +150,9 @@ def get_config(arg=None):
   e.batch_frames = 20000       # padded source frames per evaluation batch
   e.num_buckets = 4            # batch shapes when decoding (each compiles the beam search)
   e.after_training = False     # run.py evaluates every stage on data.test_split at the end
+  e.score_dev = False          # training also decodes the dev split at every evaluation and
+                               # logs its WER (ASR) or BLEU (ST): learning curves in task terms
+  e.score_dev_beam = 1         # beam of that decode (the search is otherwise eval.*'s)
   return apply_arg(config, arg)
 
 
@@ -151,20 +164,42 @@ def stage_config(lr):
                                # max_updates: for runs whose length is fixed in advance)
   s.warmup_updates = 10000     # linear warmup from 0
   s.max_updates = 50000
-  s.update_freq = 1            # gradient accumulation (fairseq --update-freq)
+  s.update_freq = 8            # gradient accumulation (fairseq --update-freq): batches of
+                               # data.max_frames per update
   s.ctc_weight = 0.0           # ASR only: hybrid CTC/attention loss weight (ESPnet's
                                # mtlalpha), 0 in the papers' recipes
-  s.eval_every = 1000          # updates between dev evaluations + checkpoints
+  s.eval_every = 1000          # updates between dev evaluations + checkpoints; -1 = once per
+                               # epoch of the training data (fairseq's default)
   s.keep_last = 10             # checkpoints kept besides the best (by dev loss); at least
                                # the number averaged (eval.average_last, encoder_init_average)
+  # Two-step recipes (the adapter baseline: train a model, then only its new adapters):
+  s.init_from = ""             # workdir of another run: its same stage's parameters initialise
+                               # this one's (tensors it lacks stay fresh); overrides the ST
+                               # encoder carry from this run's ASR stage
+  s.init_from_checkpoint = "latest"   # latest | best | average | around_best of that run
+  s.init_from_average = 10     # checkpoints averaged by average / around_best
+  s.train_only = ""            # comma-separated substrings of parameter names to train (e.g.
+                               # "adapters_"); the others are frozen. '' = train everything
   return s
 
 
 def runlocal(config):
-  """Shrinks an experiment to a CPU-sized model with the same head-layout structure."""
+  """Shrinks an experiment to a CPU-sized model with the same head-layout structure, one
+  batch per update."""
   m = config.model
   m.d_model, m.ffn_dim, m.conv_channels = 64, 128, 128
   m.decoder_layers = 2
+  for stage in ("asr", "st"):
+    config[stage].update_freq = 1
+  return config
+
+
+def batch_per_update(config, max_frames: int, update_freq: int):
+  """A paper's batch: `max_frames` padded source frames per batch, `update_freq` batches per
+  update, in both stages."""
+  config.data.max_frames = max_frames
+  for stage in ("asr", "st"):
+    config[stage].update_freq = update_freq
   return config
 
 
@@ -210,9 +245,11 @@ def _parse_value(current, text, key):
 def multiformer(name, layout, reported_bleu, reported_wer=-1.0, arg=None, **model):
   """A thesis architecture (Sant 2022, Table 1): s2t_transformer_s with a Multiformer encoder.
 
-  The thesis code has no bias in the q/k/v projection; everything else is s2t_transformer_s.
+  The thesis code has no bias in the q/k/v projection; everything else is s2t_transformer_s,
+  trained with the thesis's 20000 frames x update_freq 16 = 320k frames per update (§5.2).
   """
   config = get_config()
+  batch_per_update(config, 20000, 16)
   config.name = name
   config.model.encoder_layout = layout
   config.model.qkv_bias = False
@@ -221,12 +258,17 @@ def multiformer(name, layout, reported_bleu, reported_wer=-1.0, arg=None, **mode
   config.reported.wer = reported_wer
   config.reported.source = ("Sant 2022 (Multiformer thesis), MuST-C En-De tst-COMMON: BLEU "
                             "Table 2, ASR WER App. A Table 3")
+  # The thesis initialises the ST encoder from the best ASR checkpoint (§5.3) and evaluates the
+  # average of the 7 checkpoints around the best (its README).
+  config.st.encoder_init = "best"
+  config.eval.checkpoint, config.eval.average_around_best = "around_best", 7
   return apply_arg(config, arg)
 
 
 def locality(pair: str, windows, reported_bleu: float, arg=None):
   """The efficient model of Alastruey et al. 2022: full attention in encoder layers 1-3,
-  local attention with the per-layer windows of Algorithm 1 in layers 4-12."""
+  local attention with the per-layer windows of Algorithm 1 in layers 4-12; fairseq's batch,
+  40000 frames x update_freq 8 (App. C)."""
   config = get_config()
   config.name = f"locality_{pair.replace('-', '_')}"
   config.model.encoder_layout = "3x(4*full) " + " ".join(f"1x(4*local({w}))" for w in windows)

@@ -16,8 +16,8 @@ from configs import default
 
 def get_config(arg=None):
   config = default.multiformer("s2t_multiformer_s_h_lc (no downsampling)", "12x(2*local(65)+2*conv(5,2))", reported_bleu=21.78, reported_wer=14.0,
-                             arg=arg, conv_strides=(1, 1),
+                             conv_strides=(1, 1),
                              **default.NODOWN_MEMORY_OPTIONS)
   config.reported.source = ("Sant 2022 (Multiformer thesis), App. B Table 5, MuST-C En-De "
                             "tst-COMMON")
-  return config
+  return default.apply_arg(default.batch_per_update(config, *default.NODOWN_BATCH), arg)

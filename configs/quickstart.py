@@ -48,6 +48,7 @@ def get_config(arg=None):
     s.lr_scheduler = "polynomial_decay"
     s.warmup_updates = 100
     s.max_updates = UPDATES[stage]
+    s.update_freq = 1
     s.eval_every = 200
     s.keep_last = 4
   config.asr.ctc_weight = 0.5
@@ -57,6 +58,7 @@ def get_config(arg=None):
   e.after_training = True
   e.max_len_b = 60
   e.num_buckets = 1
+  e.score_dev, e.score_dev_beam = True, e.beam   # dev WER / BLEU on the learning curves
   return default.apply_arg(config, arg, {"long": long})
 
 

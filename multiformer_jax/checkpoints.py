@@ -1,4 +1,5 @@
-"""orbax checkpoints of a training stage: keep the last K and the best by dev loss, average.
+"""orbax checkpoints of a training stage: keep the last K and the best by dev loss (with the
+N around it when those are averaged), select or average.
 
 A checkpoint holds the train state (parameters, optimizer state, accumulators, RNG key, step)
 and a JSON `meta` item (stage, data-iterator position, dev loss, the model config). The
@@ -17,12 +18,17 @@ import orbax.checkpoint as ocp
 from multiformer_jax import faults
 
 
+SELECTIONS = ("latest", "best", "average", "around_best")
+
+
 class StageCheckpoints:
   """The checkpoints of one stage. `name` (the stage) names its fault-injection points."""
 
-  def __init__(self, directory: str, keep_last: int = 5, name: str = ""):
+  def __init__(self, directory: str, keep_last: int = 5, name: str = "",
+               keep_around_best: int = 1):
     self.directory = os.path.abspath(directory)
     self.keep_last = keep_last
+    self.keep_around_best = keep_around_best     # the best and its neighbours: N in all
     self.name = name
     self.manager = self._open()
 
@@ -57,8 +63,9 @@ class StageCheckpoints:
     return min(scored)[1] if scored else self.latest()
 
   def save(self, step: int, state, meta: dict):
-    """Saves, then keeps only the last `keep_last` checkpoints and the best one. The meta
-    records the step saved before this one, so averaging can follow unbroken runs of saves."""
+    """Saves, then keeps only the last `keep_last` checkpoints and the `keep_around_best`
+    around the best one. The meta records the step saved before this one, so averaging can
+    follow unbroken runs of saves."""
     if step in self.manager.all_steps():
       return
     meta = {**meta, "previous_step": self.latest()}
@@ -73,7 +80,7 @@ class StageCheckpoints:
                     f"intact: free disk space or fix permissions, then rerun the same command "
                     f"to resume") from error
     steps = self.steps()
-    keep = set(steps[-self.keep_last:]) | {self.best()}
+    keep = set(steps[-self.keep_last:]) | set(self.steps_around_best(self.keep_around_best))
     for old in steps:
       if old not in keep:
         self.manager.delete(old)
@@ -113,6 +120,41 @@ class StageCheckpoints:
     state, _ = self.restore(step)
     return state["params"] if isinstance(state, dict) else state.params
 
+  def _previous(self, step: int, steps: list[int]) -> int | None:
+    """The checkpoint saved before `step` if it is still kept, else None."""
+    try:
+      previous = self.meta(step).get("previous_step", "unrecorded")
+    except Exception:  # pylint: disable=broad-except
+      return None                                 # unreadable meta: no link
+    if previous == "unrecorded":                  # saved without the link: the order is all
+      previous = max((s for s in steps if s < step), default=None)
+    return previous if previous in steps else None
+
+  def steps_around_best(self, count: int) -> list[int]:
+    """Up to `count` contiguous checkpoints centred on the best one (the thesis's "7 around
+    the best": 3 saved before it, the best, 3 after); where fewer exist on one side (training
+    ended soon after the best, or started just before it), more are taken from the other."""
+    steps = self.steps()
+    best = self.best()
+    if best is None:
+      return []
+    before, after = [], []
+    while len(before) < count - 1:
+      previous = self._previous(before[-1] if before else best, steps)
+      if previous is None:
+        break
+      before.append(previous)
+    current = best
+    while len(after) < count - 1:
+      following = [s for s in steps if s > current]
+      if not following or self._previous(following[0], steps) != current:
+        break
+      current = following[0]
+      after.append(current)
+    before = before[:max((count - 1) // 2, count - 1 - len(after))]
+    after = after[:count - 1 - len(before)]
+    return sorted(before + [best] + after)
+
   def contiguous_steps(self, last: int) -> list[int]:
     """Up to `last` of the latest checkpoints with no save missing between them (following
     each checkpoint's previous_step back from the latest): a best checkpoint kept from long
@@ -122,21 +164,19 @@ class StageCheckpoints:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     chain = [steps[-1]]
     while len(chain) < last:
-      try:
-        previous = self.meta(chain[-1]).get("previous_step", "unrecorded")
-      except Exception:  # pylint: disable=broad-except
-        break                                     # unreadable meta: stop the run here
-      if previous == "unrecorded":                # saved without the link: the order is all
-        previous = max((s for s in steps if s < chain[-1]), default=None)
-      if previous is None or previous not in steps:
+      previous = self._previous(chain[-1], steps)
+      if previous is None:
         break
       chain.append(previous)
     return sorted(chain)
 
-  def averaged_params(self, last: int):
+  def averaged_params(self, last: int, around_best: bool = False):
     """The mean of the parameters of the last `last` contiguous checkpoints (fairseq's
-    averaging); fewer if fewer are kept."""
-    steps = self.contiguous_steps(last)
+    averaging), or with `around_best` of the `last` around the best; fewer if fewer are
+    kept."""
+    steps = self.steps_around_best(last) if around_best else self.contiguous_steps(last)
+    if not steps:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
     total = None
     for step in steps:
       params = jax.tree_util.tree_map(np.asarray, self.params(step))
@@ -144,13 +184,18 @@ class StageCheckpoints:
     return jax.tree_util.tree_map(lambda x: x / len(steps), total), steps
 
   def select_params(self, which: str, average_last: int = 10):
-    """'latest' | 'best' | 'average' -> (params, description)."""
-    if which == "average":
-      params, steps = self.averaged_params(average_last)
+    """'latest' | 'best' | 'average' (of the last `average_last`) | 'around_best' (the average
+    of the `average_last` around the best) -> (params, description)."""
+    if which not in SELECTIONS:
+      raise ValueError(f"checkpoint selection {which!r}; valid: {', '.join(SELECTIONS)}")
+    if which in ("average", "around_best"):
+      params, steps = self.averaged_params(average_last, which == "around_best")
+      what = "average of steps" if which == "average" else \
+          f"average around the best (step {self.best()}) of steps"
       if len(steps) < average_last:
-        return params, (f"average of steps {steps} (the {len(steps)} contiguous checkpoints "
-                        f"kept of the {average_last} asked for)")
-      return params, f"average of steps {steps}"
+        return params, (f"{what} {steps} (the {len(steps)} contiguous checkpoints kept of the "
+                        f"{average_last} asked for)")
+      return params, f"{what} {steps}"
     step = self.best() if which == "best" else self.latest()
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")

@@ -24,7 +24,9 @@ def read_log(stage_dir: str) -> tuple[list[dict], list[dict]]:
 
 def plot_learning_curve(stage_dir: str, stage: str) -> str | None:
   """Writes `{stage_dir}/learning_curve.png`: training and dev loss per target token against
-  updates (and dev perplexity); returns its path, or None when nothing was logged."""
+  updates and, on a second axis, the dev WER or BLEU at each evaluation when training scored
+  the dev split (eval.score_dev), else the dev perplexity; returns its path, or None when
+  nothing was logged."""
   train_rows, dev_rows = read_log(stage_dir)
   if not train_rows and not dev_rows:
     return None
@@ -42,19 +44,32 @@ def plot_learning_curve(stage_dir: str, stage: str) -> str | None:
   loss_axis.set_ylabel("loss per target token")
   loss_axis.grid(alpha=0.3)
   loss_axis.legend(loc="upper right")
-  if dev_rows:
-    ppl_axis = loss_axis.twinx()
-    ppl_axis.plot([r["step"] for r in dev_rows], [r["dev_ppl"] for r in dev_rows], "s--",
-                  color="tab:green", alpha=0.6, label="dev perplexity")
-    ppl_axis.set_yscale("log")
-    ppl_axis.set_ylabel("dev perplexity")
-    ppl_axis.legend(loc="upper center")
+  second = dev_score_series(dev_rows)
+  if second:
+    label, steps, values = second
+    score_axis = loss_axis.twinx()
+    score_axis.plot(steps, values, "s--", color="tab:green", label=label)
+    if label == "dev perplexity":
+      score_axis.set_yscale("log")
+    score_axis.set_ylabel(label)
+    score_axis.legend(loc="upper center")
   loss_axis.set_title(f"{stage}: learning curve")
   path = os.path.join(stage_dir, "learning_curve.png")
   figure.tight_layout()
   figure.savefig(path, dpi=100)
   plt.close(figure)
   return path
+
+
+def dev_score_series(dev_rows: list[dict]) -> tuple[str, list, list] | None:
+  """(label, steps, values) of the curve's second axis: dev WER or BLEU where the rows have it
+  (eval.score_dev), otherwise dev perplexity; None without dev rows."""
+  for key, label in (("dev_wer", "dev WER"), ("dev_bleu", "dev BLEU"),
+                     ("dev_ppl", "dev perplexity")):
+    rows = [r for r in dev_rows if key in r]
+    if rows:
+      return label, [r["step"] for r in rows], [r[key] for r in rows]
+  return None
 
 
 def _lines(path: str) -> list[str]:

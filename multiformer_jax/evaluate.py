@@ -1,7 +1,8 @@
 """Evaluation from checkpoints: cached beam search, sacreBLEU (ST) or WER (ASR).
 
     python -m multiformer_jax.evaluate --workdir runs/v2 --stage st --split tst-COMMON \
-        [--checkpoint average|best|latest] [--average_last 10] [--beam 5] [--lenpen 1.0]
+        [--checkpoint average|around_best|best|latest] [--average_last 10] [--beam 5]
+        [--lenpen 1.0]
         [--min_len 1]
 
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 
 import jax
@@ -22,88 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from multiformer_jax import checkpoints as ckpt_lib
-from multiformer_jax import decode, input_pipeline as ip
+from multiformer_jax import input_pipeline as ip
 from multiformer_jax.host_memory import use_huge_pages
-from multiformer_jax.metrics import corpus_bleu, corpus_wer
-from multiformer_jax.model import S2TModel, init_cache
+from multiformer_jax.inference import decode_split, make_translate, score
+from multiformer_jax.model import S2TModel
 from multiformer_jax.train import model_config_for, pipeline_config, training_tags
 from multiformer_jax.train_log import setup_logging
-
-
-def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
-                   max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
-                   nbest: bool = False):
-  """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
-  [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
-  max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
-
-  tasks: [batch] task ids (multi-task models); prefix: [batch] forced first tokens (target-
-  language tags); key: the PRNG key of `noisy` head-selection inference. With nbest=True it
-  returns every finalised hypothesis, best first: (tokens [batch, beam, steps], scores
-  [batch, beam]).
-  """
-  cfg = model.config
-  limit = cfg.max_target_positions - 1
-  noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
-                                                  cfg.decoder_candidates)
-
-  def translate(params, features, lengths, tasks=None, prefix=None, key=None):
-    variables = {"params": params}
-    if noisy:                # fresh selection noise for the encoder and every decoder step
-      encoder_key, decoder_key = jax.random.split(key)
-      rngs = lambda i: {"selection": jax.random.fold_in(decoder_key, i)}
-    else:
-      encoder_key, rngs = None, lambda i: {}
-    encoded, mask = model.apply(variables, features, lengths, True, tasks,
-                                method=model.encode,
-                                rngs={"selection": encoder_key} if noisy else {})
-    cross_kv = model.apply(variables, encoded, method=model.cross_kv)
-    batch = features.shape[0]
-    max_steps = min(int(max_len_a * features.shape[1]) + max_len_b, limit) + 1   # static
-    cache = init_cache(cfg, batch * beam, max_steps)
-    row_tasks = None if tasks is None else jnp.repeat(tasks, beam)   # [batch * beam]
-
-    def step_fn(tokens, index, cache):
-      return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
-                         method=model.decode_step, rngs=rngs(index))
-    max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
-    tokens, scores = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
-                                        cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
-                                        length_penalty, prefix, min_len=min_len,
-                                        unk_penalty=unk_penalty, nbest=nbest)
-    return (tokens, scores) if nbest else tokens
-  return jax.jit(translate)
-
-
-def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
-                 task_tag: str = "", seed: int = 0):
-  """-> hypotheses (detokenised) in corpus order. task_tag: the batch field of the model's task
-  ids ('' for a one-task model)."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-  data = batcher.data
-  hypotheses = [None] * len(data)
-  batches = tqdm(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
-                 desc=f"decoding {data.split}", unit="batch", disable=not progress,
-                 file=sys.stderr)
-  for n, batch in enumerate(batches):
-    tasks = jnp.asarray(np.maximum(batch[task_tag], 0)) if task_tag else None
-    prefix = None
-    if data.prefix is not None:
-      prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
-                                    data.prefix[0]))
-    tokens = np.asarray(translate(params, jnp.asarray(batch["features"]),
-                                  jnp.asarray(batch["lengths"]), tasks, prefix,
-                                  jax.random.PRNGKey(seed + n)))
-    for row, i in enumerate(batch["index"]):
-      if i >= 0:
-        hypotheses[i] = data.vocab.decode(tokens[row][1:] if prefix is not None else
-                                          tokens[row])
-  return hypotheses
-
-
-def score(stage: str, hypotheses, references) -> dict:
-  return corpus_bleu(hypotheses, references) if stage == "st" else \
-      corpus_wer(hypotheses, references)
 
 
 def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict:
@@ -124,6 +48,15 @@ def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict
   return grouped
 
 
+def averaged_count(config, checkpoint: str) -> int:
+  """How many checkpoints evaluation by `checkpoint` averages (1 for latest and best)."""
+  if checkpoint == "average":
+    return config.eval.average_last
+  if checkpoint == "around_best":
+    return config.eval.get("average_around_best", 7)
+  return 1
+
+
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
                    average_last: int | None = None, beam: int | None = None,
                    length_penalty: float | None = None, progress: bool = True,
@@ -131,7 +64,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   log = setup_logging()
   e = config.eval
   checkpoint = checkpoint or e.checkpoint
-  average_last = average_last or e.average_last
+  average_last = average_last or averaged_count(config, checkpoint)
   beam = beam or e.beam
   length_penalty = e.length_penalty if length_penalty is None else length_penalty
   data = ip.SplitData(pipeline_config(config, stage, "test"), split)
@@ -187,8 +120,12 @@ def main(argv=None):
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--stage", default="st", choices=ip.TASKS)
   parser.add_argument("--split", default=None, help="default: the config's data.test_split")
-  parser.add_argument("--checkpoint", default=None, choices=("latest", "best", "average"))
-  parser.add_argument("--average_last", type=int, default=None)
+  parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
+                      help="default: the config's eval.checkpoint")
+  parser.add_argument("--average_last", type=int, default=None,
+                      help="checkpoints averaged: the last N (average) or the N around the "
+                           "best (around_best); default: eval.average_last / "
+                           "eval.average_around_best")
   parser.add_argument("--beam", type=int, default=None)
   parser.add_argument("--lenpen", type=float, default=None)
   parser.add_argument("--min_len", type=int, default=None,

@@ -155,7 +155,8 @@ def gather_heads(heads, indices, weights):
 
 class TaskAdapter(nn.Module):
   """The adapter baseline (Bapna & Firat 2019): per task a bottleneck after a layer,
-  x + W_up relu(W_down LN_t(x)). x [batch, time, d], tasks [batch] -> [batch, time, d]."""
+  x + W_up relu(W_down LN_t(x)). x [batch, time, d], tasks [batch] (None: task 0, a one-task
+  model's) -> [batch, time, d]."""
   num_tasks: int
   d_model: int
   bottleneck: int
@@ -169,6 +170,8 @@ class TaskAdapter(nn.Module):
     down = self.param("down", nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform",
                                                              in_axis=1, out_axis=2), (t, d, r))
     up = self.param("up", nn.initializers.zeros, (t, r, d))   # starts as the identity
+    if tasks is None:
+      tasks = jnp.zeros(x.shape[:1], jnp.int32)
     tasks = jnp.clip(tasks, 0, t - 1)
     mean = jnp.mean(x.astype(jnp.float32), -1, keepdims=True)
     var = jnp.mean(jnp.square(x.astype(jnp.float32) - mean), -1, keepdims=True)

@@ -29,6 +29,7 @@ from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import curves
 from multiformer_jax import faults
 from multiformer_jax import head_selection
+from multiformer_jax import inference
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
@@ -95,7 +96,9 @@ def make_schedule(stage_cfg):
 
 def make_optimizer(train_cfg, stage_cfg):
   schedule = make_schedule(stage_cfg)
-  transforms = [optax.clip_by_global_norm(train_cfg.clip_norm),
+  train_only = stage_cfg.get("train_only", "")
+  transforms = [freeze_all_but(train_only)] if train_only else []
+  transforms += [optax.clip_by_global_norm(train_cfg.clip_norm),
                 optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
                 optax.scale_by_learning_rate(schedule)]
   if train_cfg.selection_lr_multiplier != 1.0:
@@ -113,6 +116,68 @@ def scale_head_selector_updates(multiplier: float) -> optax.GradientTransformati
         lambda path, u: u * multiplier if "head_selector" in jax.tree_util.keystr(path) else u,
         updates), state
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def trained_by_pattern(name: str, pattern: str) -> bool:
+  """Whether parameter `name` ('encoder/adapters_0/up', ...) is trained under
+  {stage}.train_only=`pattern`: a comma-separated list of substrings, '' = every parameter."""
+  return not pattern or any(part and part in name for part in pattern.split(","))
+
+
+def freeze_all_but(pattern: str) -> optax.GradientTransformation:
+  """Zeroes the gradients of every parameter that `pattern` does not name, before clipping and
+  Adam: their Adam moments stay 0, so they never move (the adapters' second step: "trained with
+  the Transformer parameters frozen")."""
+  def update(updates, state, params=None):
+    del params
+    return jax.tree_util.tree_map_with_path(
+        lambda path, g: g if trained_by_pattern(_param_name(path), pattern) else
+        jnp.zeros_like(g), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def _param_name(path) -> str:
+  return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
+
+
+def init_from_run(params, stage_cfg, stage: str, log: logging.Logger):
+  """{stage}.init_from: the parameters of another run's same stage (its workdir), selected by
+  {stage}.init_from_checkpoint; tensors the run lacks (new adapters, say) stay freshly
+  initialised, shapes must fit. The T5X-style restore a two-step recipe needs."""
+  directory = os.path.join(stage_cfg.init_from, stage, "checkpoints")
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f"{stage}.init_from={stage_cfg.init_from!r}: no {directory}; give "
+                            f"the workdir of a run that trained the {stage} stage")
+  source, which = ckpt_lib.StageCheckpoints(directory).select_params(
+      stage_cfg.get("init_from_checkpoint", "latest"), stage_cfg.get("init_from_average", 10))
+  flat_new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
+  flat_src = flax.traverse_util.flatten_dict(dict(source), sep="/")
+  mismatched = [f"{n}: {tuple(np.shape(flat_src[n]))} there vs {tuple(v.shape)} here"
+                for n, v in flat_new.items()
+                if n in flat_src and tuple(np.shape(flat_src[n])) != tuple(v.shape)]
+  if mismatched:
+    raise ValueError(f"{stage}.init_from={stage_cfg.init_from!r} does not fit this model:\n  " +
+                     "\n  ".join(mismatched))
+  restored = [n for n in flat_new if n in flat_src]
+  for name in restored:
+    flat_new[name] = jnp.asarray(flat_src[name], flat_new[name].dtype)
+  fresh = sorted({"/".join(n.split("/")[:2]) for n in flat_new if n not in flat_src})
+  log.info("%s init from %s (%s): restored %d tensors, freshly initialised %d (%s)", stage,
+           stage_cfg.init_from, which, len(restored), len(flat_new) - len(restored),
+           ", ".join(fresh) or "none")
+  return flax.traverse_util.unflatten_dict(flat_new, sep="/")
+
+
+def check_train_only(params, stage_cfg, stage: str):
+  """{stage}.train_only must name at least one parameter."""
+  pattern = stage_cfg.get("train_only", "")
+  if not pattern:
+    return
+  names = list(flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/"))
+  if not any(trained_by_pattern(n, pattern) for n in names):
+    groups = sorted({"/".join(n.split("/")[:2]) for n in names})
+    raise ValueError(f"{stage}.train_only={pattern!r} names no parameter of this model; its "
+                     f"parameters are under: {', '.join(groups)}")
 
 
 def stage_key(config, stage: str):
@@ -362,6 +427,36 @@ def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> di
           "dev_ppl": float(np.exp(min(totals["nll"] / tokens, 50.0)))}
 
 
+class DevScorer:
+  """Decodes the whole dev split with the current parameters and scores it (WER for ASR, BLEU
+  for ST): eval.score_dev, at every evaluation during training. The search is the evaluation's
+  (fairseq's beam search, eval.max_len_*, eval.min_len) with beam eval.score_dev_beam; it
+  compiles once per dev batch shape, on the first evaluation."""
+
+  def __init__(self, config, stage: str, model: S2TModel, dev_data: ip.SplitData, tags):
+    e = config.eval
+    self.stage, self.task_tag, self.seed = stage, model.config.task_tag, config.train.seed
+    self.data = dev_data
+    self.batcher = ip.Batcher(dev_data, False, tags=tags)     # every utterance, this process
+    self.beam = e.get("score_dev_beam", 1)
+    self.translate = inference.make_translate(
+        model, self.beam, e.length_penalty, e.max_len_a, e.max_len_b, e.get("min_len", 1),
+        e.get("unk_penalty", 0.0))
+
+  @property
+  def metric(self) -> str:
+    return "bleu" if self.stage == "st" else "wer"
+
+  def __call__(self, params) -> dict:
+    """-> {'dev_wer' or 'dev_bleu': score, 'dev_decode_s': seconds}."""
+    start = time.perf_counter()
+    hypotheses = inference.decode_split(params, self.batcher, self.translate, False,
+                                        self.task_tag, self.seed)
+    result = inference.score(self.stage, hypotheses, self.data.references)
+    return {f"dev_{self.metric}": result[self.metric],
+            "dev_decode_s": round(time.perf_counter() - start, 1)}
+
+
 def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   """Trains one stage to its max_updates (resuming if interrupted); returns its summary."""
   stage_dir = os.path.join(workdir, stage)
@@ -391,11 +486,12 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
                 "skipped (e.g. %s)", stage, len(train_batcher.too_long),
                 config.data.max_source_frames, ", ".join(train_batcher.too_long[:5]))
   log.info("stage %s: %d train / %d dev utterances, vocabulary %d, batch shapes "
-           "(batch, frames, tokens) %s", stage, len(train_data), len(dev_data),
-           train_data.vocab.size, train_batcher.shapes)
+           "(batch, frames, tokens) %s, %d batch(es) of <= %d padded frames per update",
+           stage, len(train_data), len(dev_data), train_data.vocab.size, train_batcher.shapes,
+           scfg.update_freq, config.data.max_frames)
   tx, schedule = make_optimizer(config.train, scfg)
   checkpoints = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints"),
-                                          scfg.keep_last, stage)
+                                          scfg.keep_last, stage, kept_around_best(config, stage))
   state = create_state(model, tx, stage_key(config, stage))
   iterator = ip.TrainIterator(train_batcher, workers=loader_workers(config),
                               prefetch=config.data.get("prefetch_batches", 4))
@@ -408,12 +504,20 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     iterator.restore(meta["iterator"])
     log.info("resumed stage %s from step %d (%s), data position %s", stage, latest,
              checkpoints.directory, meta["iterator"])
+  elif scfg.get("init_from", ""):
+    state = state.replace(params=init_from_run(state.params, scfg, stage, log))
   elif stage == "st" and "asr" in config.train.stages:
     asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
     asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
     log.info("ST encoder from the ASR stage: %s", which)
     state = state.replace(params=carry_from_asr(state.params, asr_params, log,
                                                 scfg.get("carry_decoder_layers", False)))
+  check_train_only(state.params, scfg, stage)
+  if scfg.get("train_only", ""):
+    names = flax.traverse_util.flatten_dict(flax.core.unfreeze(state.params), sep="/")
+    trained = sum(v.size for n, v in names.items() if trained_by_pattern(n, scfg.train_only))
+    log.info("%s: training only the parameters named by %r (%d of %d values); the rest are "
+             "frozen", stage, scfg.train_only, trained, sum(v.size for v in names.values()))
   log.info("%s: %d parameters; encoder key block %d, FFN token chunk %d (0 = dense; "
            "model.key_block_size / ffn_token_chunk, -1 = by backend)", stage,
            sum(x.size for x in jax.tree_util.tree_leaves(state.params)),
@@ -421,18 +525,21 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
 
   train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing,
                                      config.train, stage_ctc_weight(config, stage))
+  dev_scorer = DevScorer(config, stage, model, dev_data, train_batcher.tags) if (
+      primary and config.eval.get("score_dev", False)) else None
   step = int(state.step)
   state = dp.replicate(state)
   logger.start(step, scfg.max_updates)
   try:
     with faults.StopRequest() as stop:
-      step, state = _train_loop(config, stage, state, step, iterator, train_step, eval_step,
-                                dev_batcher, dp, checkpoints, logger, stop, train_data, model)
+      step, state, early_stopped = _train_loop(
+          config, stage, state, step, iterator, train_step, eval_step, dev_batcher, dp,
+          checkpoints, logger, stop, train_data, model, dev_scorer)
   finally:
     iterator.close()
     logger.close()
   best = checkpoints.best()
-  summary = {"stage": stage, "updates": step, "best_step": best,
+  summary = {"stage": stage, "updates": step, "early_stopped": early_stopped, "best_step": best,
              "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
              "wall_s": round(logger.elapsed(), 1)}
   log.info("stage %s finished: parameter checksum %s (process %d of %d)", stage,
@@ -457,11 +564,14 @@ def params_checksum(params) -> str:
 
 
 def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev_batcher, dp,
-                checkpoints, logger, stop, train_data, model):
-  """Updates from `step` to the stage's max_updates: logs, evaluates and checkpoints on
-  schedule; on a stop request saves a checkpoint after the current update and raises
-  Preempted."""
+                checkpoints, logger, stop, train_data, model, dev_scorer=None):
+  """Updates from `step` to the stage's max_updates, or to an early stop (train.
+  early_stop_patience evaluations without a better dev loss): logs, evaluates (dev loss; with
+  a `dev_scorer` also dev WER or BLEU) and checkpoints on schedule; on a stop request saves a
+  checkpoint after the current update and raises Preempted. -> (step, state, early_stopped)."""
   scfg, log = config[stage], logger.log
+  eval_every = resolved_eval_every(scfg, iterator.batcher)
+  patience = config.train.get("early_stop_patience", 0)
   seen_shapes = set()
   while step < scfg.max_updates:
     update_ids = []
@@ -486,14 +596,26 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
             f"{nonfinite} consecutive updates had a non-finite loss or gradient (skipped); "
             f"try a lower {stage}.lr, a longer warmup, model.dtype=float32, or check the "
             f"data for corrupt features")
-    if step % scfg.eval_every == 0 or step == scfg.max_updates:
+    if step % eval_every == 0 or step == scfg.max_updates:
       dev = evaluate_loss(eval_step, state, dev_batcher, dp)
+      if dev_scorer is not None:
+        dev.update(dev_scorer(dp.unreplicate(state.params)))
       logger.scalars(step, dev)
       meta = {"stage": stage, "step": step, "iterator": iterator.state(), **dev,
               "model": model.config.to_dict()}
       checkpoints.save(step, dp.unreplicate(state), meta)
-      log.info("step %d: dev loss %.4f, dev ppl %.2f; checkpoint saved", step,
-               dev["dev_loss"], dev["dev_ppl"])
+      scored = "" if dev_scorer is None else (
+          f", dev {dev_scorer.metric.upper()} {dev[f'dev_{dev_scorer.metric}']:.2f} (beam "
+          f"{dev_scorer.beam}, {dev['dev_decode_s']:.0f} s)")
+      log.info("step %d: dev loss %.4f, dev ppl %.2f%s; checkpoint saved", step,
+               dev["dev_loss"], dev["dev_ppl"], scored)
+      if patience and step < scfg.max_updates:
+        stale = evaluations_without_improvement(checkpoints, step, eval_every)
+        if stale >= patience:
+          log.info("stage %s: early stop at update %d: no dev loss improvement for %d "
+                   "evaluations (train.early_stop_patience=%d), best at update %d", stage, step,
+                   stale, patience, checkpoints.best())
+          return step, state, True
     faults.fault_point(f"{stage}.update", step)               # tests: killed after an update
     if _stop_agreed(stop, step, config.train.log_every):
       logger.flush(step)
@@ -501,7 +623,26 @@ def _train_loop(config, stage, state, step, iterator, train_step, eval_step, dev
           "stage": stage, "step": step, "iterator": iterator.state(), "dev_loss": None,
           "model": model.config.to_dict(), "saved_on": "SIGTERM"})
       raise faults.Preempted(stage, step)
-  return step, state
+  return step, state, False
+
+
+def evaluations_without_improvement(checkpoints, step: int, eval_every: int) -> int:
+  """Evaluations since the best dev loss (fairseq's --patience counts them the same way):
+  from the saved checkpoints, so it survives a resume."""
+  best = checkpoints.best()
+  return 0 if best is None else (step - best) // eval_every
+
+
+def resolved_eval_every(stage_cfg, batcher: ip.Batcher) -> int:
+  """{stage}.eval_every, with -1 = once per epoch of the training data (fairseq's default:
+  validate and save at every epoch end): the epoch's batches / update_freq updates."""
+  every = stage_cfg.eval_every
+  if every == -1:
+    return max(1, len(batcher.epoch_plan(0)) // stage_cfg.update_freq)
+  if every < 1:
+    raise ValueError(f"eval_every={every}; valid: a number of updates >= 1, or -1 for once "
+                     f"per epoch")
+  return every
 
 
 def _stop_agreed(stop: faults.StopRequest, step: int, every: int) -> bool:
@@ -541,10 +682,27 @@ def ensure_prepared(config, log: logging.Logger):
                   [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab)
 
 
+def kept_around_best(config, stage: str) -> int:
+  """How many checkpoints around the best a stage keeps (1: the best alone): as many as
+  evaluation by "around_best" or, for the ASR stage, the ST encoder init by it averages."""
+  counts = [1]
+  if config.eval.checkpoint == "around_best":
+    counts.append(config.eval.get("average_around_best", 7))
+  if (stage == "asr" and "st" in config.train.stages and
+      config.st.encoder_init == "around_best"):
+    counts.append(config.st.encoder_init_average)
+  return max(counts)
+
+
 def check_checkpoint_retention(config):
-  """Averaging N checkpoints needs N kept: each stage's keep_last must cover eval.average_last
-  (evaluation by "average") and the ASR stage's st.encoder_init_average (ST encoder init by
-  "average")."""
+  """The checkpoint selections are known ones, and averaging N checkpoints needs N kept: each
+  stage's keep_last must cover eval.average_last (evaluation by "average") and the ASR
+  stage's st.encoder_init_average (ST encoder init by "average"); "around_best" keeps its
+  own."""
+  for key, value in (("eval.checkpoint", config.eval.checkpoint),
+                     ("st.encoder_init", config.st.encoder_init)):
+    if value not in ckpt_lib.SELECTIONS:
+      raise ValueError(f"{key}={value!r}; valid: {', '.join(ckpt_lib.SELECTIONS)}")
   needs = []
   if config.eval.checkpoint == "average":
     needs += [(stage, config.eval.average_last, "eval.average_last")
@@ -568,6 +726,10 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
                      f"valid stages: {ip.TASKS}")
   check_checkpoint_retention(config)
+  for stage in config.train.stages:
+    if config[stage].eval_every < 1 and config[stage].eval_every != -1:
+      raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
+                       f"updates >= 1, or -1 for once per epoch")
   if jax.process_index() == 0:
     ckpt_lib.save_config(workdir, config)
   ensure_prepared(config, log)

@@ -136,3 +136,33 @@ def test_averaging_takes_contiguous_checkpoints_only(tmp_path):
   assert which == ("average of steps [40, 50] (the 2 contiguous checkpoints kept of the 3 "
                    "asked for)")
   assert checkpoints.contiguous_steps(2) == [40, 50]
+
+
+def test_around_best_averages_the_checkpoints_centred_on_the_best(tmp_path):
+  """The thesis's "7 around the best" with 3: the best (step 40 of 10..80), one before, one
+  after; keep_last 2 would delete them, keep_around_best keeps them."""
+  checkpoints = ckpt_lib.StageCheckpoints(str(tmp_path / "ckpt"), keep_last=2,
+                                          keep_around_best=3)
+  losses = {10: 5.0, 20: 4.0, 30: 3.0, 40: 1.0, 50: 2.0, 60: 2.5, 70: 2.6, 80: 2.7}
+  for step, loss in losses.items():
+    checkpoints.save(step, {"params": {"w": np.full(2, step, np.float32)}}, {"dev_loss": loss})
+  assert checkpoints.steps() == [30, 40, 50, 70, 80]
+  assert checkpoints.steps_around_best(3) == [30, 40, 50]
+  params, which = checkpoints.select_params("around_best", 3)
+  np.testing.assert_allclose(params["w"], [40.0, 40.0])
+  assert which == "average around the best (step 40) of steps [30, 40, 50]"
+  # Steps 20 and 60 were deleted: around the best there is no 5-checkpoint run to take.
+  assert checkpoints.steps_around_best(5) == [30, 40, 50]
+  assert checkpoints.steps_around_best(1) == [40]
+
+
+def test_around_best_takes_more_from_one_side_when_the_other_ends(tmp_path):
+  checkpoints = ckpt_lib.StageCheckpoints(str(tmp_path / "ckpt"), keep_last=10)
+  for step in (10, 20, 30, 40, 50):                 # the last is the best
+    checkpoints.save(step, {"params": {"w": np.full(1, step, np.float32)}},
+                     {"dev_loss": 100.0 - step})
+  assert checkpoints.steps_around_best(3) == [30, 40, 50]
+  assert checkpoints.steps_around_best(9) == [10, 20, 30, 40, 50]
+  with pytest.raises(ValueError, match=r"checkpoint selection 'middle'; valid: latest, best, "
+                                       r"average, around_best"):
+    checkpoints.select_params("middle")

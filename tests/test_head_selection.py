@@ -211,7 +211,7 @@ def test_bad_selection_configs_name_the_value(overrides, message):
 
 
 def test_translate_is_deterministic_unless_noisy_inference_is_asked_for():
-  from multiformer_jax.evaluate import make_translate  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.inference import make_translate  # pylint: disable=import-outside-toplevel
   feats, lengths, _ = _inputs()
   tasks = jnp.array([0, 1, 2])
   hypotheses = {}

@@ -91,3 +91,56 @@ def test_model_config_rejects_unknown_keys_and_types():
     ModelConfig.from_dict({"encoder_layout": "12x(2*full)"})
   with pytest.raises(ConfigError, match="kernel_redraw='always'"):
     ModelConfig.from_dict({"kernel_redraw": "always"})
+
+
+# Frames per update (max_frames x update_freq) of the papers' recipes, transcribed: fairseq's
+# MuST-C recipe 40000 x 8; the thesis 20000 x 16 (§5.2) and, without downsampling, 5000 x 64
+# (App. B); the locality paper 40000 x 8 (App. C); head selection "320k tokens" (§4.2).
+THESIS = (20000, 16)
+PAPER_BATCHES = {
+    "s2t_transformer_s": (40000, 8), "s2t_transformer_s_nodown": (5000, 64),
+    "h_lc_nodown": (5000, 64), "multiformer_s_nodown": (5000, 64),
+    "locality_en_de": (40000, 8), "locality_en_es": (40000, 8), "locality_en_it": (40000, 8),
+    "head_selection_s2t_transformer_s": (40000, 8), "multilingual_s2t_transformer_s": (40000, 8),
+    "adapters_s2t_transformer_s": (40000, 8),
+    **{name: THESIS for name in THESIS_TABLES if name != "s2t_transformer_s"}}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER_BATCHES))
+def test_paper_configs_train_with_the_papers_batch_per_update(name):
+  module = importlib.import_module(f"configs.{name}")
+  config = module.get_config()
+  max_frames, update_freq = PAPER_BATCHES[name]
+  assert config.data.max_frames == max_frames
+  for stage in ("asr", "st"):
+    assert config[stage].update_freq == update_freq
+    assert config.data.max_frames * config[stage].update_freq == 320_000
+  tiny = module.get_config("runlocal")             # the CPU variant: one batch per update
+  assert tiny.asr.update_freq == tiny.st.update_freq == 1
+
+
+def test_every_config_is_a_paper_config_or_says_its_batch():
+  """A config outside PAPER_BATCHES is one of ours (CPU-sized), with one batch per update."""
+  for name in set(CONFIG_FILES) - set(PAPER_BATCHES) - {"default"}:
+    config = importlib.import_module(f"configs.{name}").get_config()
+    assert config.asr.update_freq == config.st.update_freq == 1, name
+
+
+# Gong et al. 2022, Tables 2-5, transcribed: (ASR WER, ST BLEU) per config and variant.
+HEAD_SELECTION_TABLES = {
+    ("multilingual_s2t_transformer_s", None): (49.0, 13.2),
+    ("adapters_s2t_transformer_s", None): (41.1, 14.8),
+    ("head_selection_s2t_transformer_s", None): (40.0, 15.2),
+    ("head_selection_s2t_transformer_s", "subset"): (44.7, 13.3),
+    ("multilingual_s2t_transformer_s", "domain"): (42.7, 13.7),
+    ("adapters_s2t_transformer_s", "domain"): (41.7, 14.0),
+    ("head_selection_s2t_transformer_s", "domain"): (41.0, 15.6),
+    ("head_selection_s2t_transformer_s", "domain,subset"): (41.8, 13.8),
+    ("head_selection_s2t_transformer_s", "subset,domain"): (41.8, 13.8)}
+
+
+@pytest.mark.parametrize("name, variant", sorted(HEAD_SELECTION_TABLES, key=str))
+def test_head_selection_configs_report_their_table_rows(name, variant):
+  config = importlib.import_module(f"configs.{name}").get_config(variant)
+  assert (config.reported.wer, config.reported.bleu) == HEAD_SELECTION_TABLES[(name, variant)]
+  assert "Table" in config.reported.source

@@ -1,7 +1,7 @@
 """End to end: a tiny model that memorised a handful of utterances decodes them back exactly.
 
 The real path: prepared TFDS corpus -> batch assembly -> the compiled train step (Adam,
-inverse-sqrt schedule, clipping) -> the jitted cached beam search of `evaluate.make_translate`
+inverse-sqrt schedule, clipping) -> the jitted cached beam search of `inference.make_translate`
 -> SentencePiece detokenisation, compared with the reference text character for character.
 The tiny corpus's audio is tones and noise, so only the audio tells the utterances apart: a
 control run whose encoder output is replaced by zeros must not decode them back.
@@ -15,7 +15,7 @@ import pytest
 from configs import default
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax import train
-from multiformer_jax.evaluate import make_translate
+from multiformer_jax.inference import make_translate
 from multiformer_jax.model import S2TModel
 from multiformer_jax.parallel import DataParallel
 

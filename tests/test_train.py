@@ -13,6 +13,7 @@ import pytest
 
 from configs import default
 from multiformer_jax import checkpoints as ckpt_lib
+from multiformer_jax import input_pipeline as ip
 from multiformer_jax import train
 from multiformer_jax.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
 
@@ -29,6 +30,7 @@ def tiny_config(prepared_dir, **stage):
   d.max_frames, d.num_buckets = 3000, 1
   for s in (config.asr, config.st):
     s.lr, s.warmup_updates, s.max_updates, s.eval_every, s.keep_last = 3e-3, 3, 8, 4, 2
+    s.update_freq = 1
     s.update(stage)
   config.train.log_every = 2
   config.st.encoder_init = "latest"
@@ -47,11 +49,21 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   config.st.eval_every = 1            # a checkpoint after ST update 1, whose lr is 0
   config.st.keep_last = 10
   config.eval.after_training = True
+  config.eval.score_dev, config.eval.score_dev_beam = True, config.eval.beam
   workdir = str(tmp_path)
   results = train.train_and_evaluate(config, workdir)
   for stage in ("asr", "st"):
     curve = losses(os.path.join(workdir, stage))
     assert curve[-1] < curve[0], (stage, curve)
+  # The dev score logged at the last evaluation is the evaluation's score of the last
+  # checkpoint on the same split with the same search (other batch shapes: the search's
+  # output does not depend on batching).
+  from multiformer_jax import curves
+  for stage, metric in (("asr", "wer"), ("st", "bleu")):
+    _, dev_rows = curves.read_log(os.path.join(workdir, stage))
+    assert all(f"dev_{metric}" in row for row in dev_rows)
+    assert dev_rows[-1][f"dev_{metric}"] == results[stage]["eval"][metric]
+    assert curves.dev_score_series(dev_rows)[0] == f"dev {metric.upper()}"
   assert set(results["asr"]["eval"]) >= {"wer", "edits", "words"}
   assert "BLEU" in results["st"]["eval"]["detail"] and "signature" in results["st"]["eval"]
   assert os.path.exists(os.path.join(workdir, "st", "eval_dev", "hyp.txt"))
@@ -73,7 +85,6 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   assert f"`{config.model.encoder_layout}`" in table
   assert row["reported_bleu"] == "" and " | — | — | " in table     # no paper figure: a dash
   # What a person sees: a learning curve per stage and examples of both stages side by side.
-  from multiformer_jax import curves
   for stage in ("asr", "st"):
     with open(os.path.join(workdir, stage, "learning_curve.png"), "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
@@ -144,7 +155,16 @@ def test_averaging_more_checkpoints_than_kept_is_refused_before_training(tmp_pat
   config.st.encoder_init, config.st.encoder_init_average = "average", 5
   with pytest.raises(ValueError, match="asr.keep_last=2 .* st.encoder_init_average=5"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
+  config.st.encoder_init = "middle"
+  with pytest.raises(ValueError, match="st.encoder_init='middle'; valid: latest, best, average, "
+                                       "around_best"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run")      # nothing written
+  # "around_best" keeps its own: the stage keeps that many around the best, whatever keep_last.
+  config.st.encoder_init = "around_best"
+  config.eval.checkpoint, config.eval.average_around_best = "around_best", 3
+  train.check_checkpoint_retention(config)
+  assert train.kept_around_best(config, "asr") == 5 and train.kept_around_best(config, "st") == 3
 
 
 def test_polynomial_decay_schedule_is_fairseqs():
@@ -340,3 +360,59 @@ def test_hybrid_ctc_loss_trains_a_ctc_head_in_the_asr_stage_only():
   config.st.ctc_weight = 0.3
   with pytest.raises(ValueError, match="st.ctc_weight=0.3: the CTC loss needs transcripts"):
     train.model_config_for(config, 40, stage="st")
+
+
+def test_early_stopping_ends_a_stage_after_patience_evaluations(prepared, tmp_path):
+  """lr 0: the dev loss never improves on the first evaluation's (update 2), so patience 1
+  stops the stage at the next evaluation (update 4) of 8; the summary says so."""
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir, lr=0.0, max_updates=8, eval_every=2, keep_last=4)
+  config.train.stages = ("asr",)
+  config.train.early_stop_patience = 1
+  summary = train.train_and_evaluate(config, str(tmp_path))["asr"]["train"]
+  assert (summary["updates"], summary["early_stopped"], summary["best_step"]) == (4, True, 2)
+  config.train.early_stop_patience = 0                 # off: to max_updates
+  summary = train.train_and_evaluate(config, str(tmp_path / "off"))["asr"]["train"]
+  assert (summary["updates"], summary["early_stopped"]) == (8, False)
+
+
+def test_eval_every_minus_one_evaluates_once_per_epoch(prepared):
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  batcher = ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr"), "train"), True)
+  batches = len(batcher.epoch_plan(0))
+  config.asr.eval_every, config.asr.update_freq = -1, 2
+  assert train.resolved_eval_every(config.asr, batcher) == max(1, batches // 2)
+  config.asr.eval_every = 0
+  with pytest.raises(ValueError, match=r"eval_every=0; valid: a number of updates >= 1, or -1"):
+    train.train_and_evaluate(config, "/nonexistent/run")
+
+
+def test_two_step_training_freezes_all_but_the_named_parameters(prepared, tmp_path):
+  """The adapter baseline's second step: a trained run's parameters initialise a model with
+  adapters, and only the adapters train (the rest stay bit-equal to the first run's)."""
+  _, prepared_dir = prepared
+  first = tiny_config(prepared_dir, max_updates=4, eval_every=4)
+  first.train.stages = ("asr",)
+  train.train_and_evaluate(first, str(tmp_path / "first"))
+  second = tiny_config(prepared_dir, max_updates=4, eval_every=4,
+                       init_from=str(tmp_path / "first"), train_only="adapters_")
+  second.train.stages = ("asr",)
+  second.model.adapter_dim = 4
+  train.train_and_evaluate(second, str(tmp_path / "second"))
+  import flax  # pylint: disable=import-outside-toplevel
+  flat = lambda run: flax.traverse_util.flatten_dict(dict(ckpt_lib.StageCheckpoints(
+      str(tmp_path / run / "asr" / "checkpoints")).params(4)), sep="/")
+  before, after = flat("first"), flat("second")
+  adapters = [n for n in after if "adapters_" in n]
+  assert adapters and set(after) - set(adapters) == set(before)
+  for name, value in before.items():
+    np.testing.assert_array_equal(after[name], value, err_msg=name)
+  assert all(np.abs(after[n]).sum() > 0 for n in adapters if n.endswith("/up"))  # from zeros
+  second.asr.train_only = "adaptor"
+  with pytest.raises(ValueError, match=r"asr.train_only='adaptor' names no parameter of this "
+                                       r"model; its parameters are under: .*encoder/adapters_0"):
+    train.train_and_evaluate(second, str(tmp_path / "third"))
+  second.asr.init_from = str(tmp_path / "nowhere")
+  with pytest.raises(FileNotFoundError, match="asr.init_from=.*nowhere.*no .*asr/checkpoints"):
+    train.train_and_evaluate(second, str(tmp_path / "fourth"))

@@ -1,0 +1,93 @@
+"""Decoding a split with a model: the jitted cached beam search and corpus scoring.
+
+Shared by evaluation from checkpoints (`evaluate`) and by training, which scores the dev split
+at each evaluation when eval.score_dev is set.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from multiformer_jax import decode, input_pipeline as ip
+from multiformer_jax.metrics import corpus_bleu, corpus_wer
+from multiformer_jax.model import S2TModel, init_cache
+
+
+def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
+                   max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
+                   nbest: bool = False):
+  """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
+  [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
+  max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
+
+  tasks: [batch] task ids (multi-task models); prefix: [batch] forced first tokens (target-
+  language tags); key: the PRNG key of `noisy` head-selection inference. With nbest=True it
+  returns every finalised hypothesis, best first: (tokens [batch, beam, steps], scores
+  [batch, beam]).
+  """
+  cfg = model.config
+  limit = cfg.max_target_positions - 1
+  noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
+                                                  cfg.decoder_candidates)
+
+  def translate(params, features, lengths, tasks=None, prefix=None, key=None):
+    variables = {"params": params}
+    if noisy:                # fresh selection noise for the encoder and every decoder step
+      encoder_key, decoder_key = jax.random.split(key)
+      rngs = lambda i: {"selection": jax.random.fold_in(decoder_key, i)}
+    else:
+      encoder_key, rngs = None, lambda i: {}
+    encoded, mask = model.apply(variables, features, lengths, True, tasks,
+                                method=model.encode,
+                                rngs={"selection": encoder_key} if noisy else {})
+    cross_kv = model.apply(variables, encoded, method=model.cross_kv)
+    batch = features.shape[0]
+    max_steps = min(int(max_len_a * features.shape[1]) + max_len_b, limit) + 1   # static
+    cache = init_cache(cfg, batch * beam, max_steps)
+    row_tasks = None if tasks is None else jnp.repeat(tasks, beam)   # [batch * beam]
+
+    def step_fn(tokens, index, cache):
+      return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
+                         method=model.decode_step, rngs=rngs(index))
+    max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
+    tokens, scores = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
+                                        cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
+                                        length_penalty, prefix, min_len=min_len,
+                                        unk_penalty=unk_penalty, nbest=nbest)
+    return (tokens, scores) if nbest else tokens
+  return jax.jit(translate)
+
+
+def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
+                 task_tag: str = "", seed: int = 0):
+  """-> hypotheses (detokenised) in corpus order. task_tag: the batch field of the model's task
+  ids ('' for a one-task model)."""
+  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+  data = batcher.data
+  hypotheses = [None] * len(data)
+  batches = tqdm(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
+                 desc=f"decoding {data.split}", unit="batch", disable=not progress,
+                 file=sys.stderr)
+  for n, batch in enumerate(batches):
+    tasks = jnp.asarray(np.maximum(batch[task_tag], 0)) if task_tag else None
+    prefix = None
+    if data.prefix is not None:
+      prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
+                                    data.prefix[0]))
+    tokens = np.asarray(translate(params, jnp.asarray(batch["features"]),
+                                  jnp.asarray(batch["lengths"]), tasks, prefix,
+                                  jax.random.PRNGKey(seed + n)))
+    for row, i in enumerate(batch["index"]):
+      if i >= 0:
+        hypotheses[i] = data.vocab.decode(tokens[row][1:] if prefix is not None else
+                                          tokens[row])
+  return hypotheses
+
+
+def score(stage: str, hypotheses, references) -> dict:
+  return corpus_bleu(hypotheses, references) if stage == "st" else \
+      corpus_wer(hypotheses, references)
