@@ -9,12 +9,9 @@ test in tests/test_dropout.py (rates, uniformity of the bits, correlation betwee
 and between keys).
 
 Why not `jax.random.bernoulli`: its threefry2x32 hash is 20 rounds of add-rotate-xor per
-element. Written out so that XLA fuses it (what this module did until 2026-11-24, with draws
-equal to flax.linen.Dropout's), a [2000, 2048] dropout took 4.9 ms on the 2-core CPU against
-1.3 ms with this hash and 1.2 ms for a plain multiplication by 2: the hash was 4% of an
-s2t_transformer_s update (docs/benchmarks_notes.md). Left in jax.random's rolled loop it was
-a quarter of the update. The masks are therefore not jax.random's draws: the same key gives
-other (equally distributed) masks. Keys of other PRNG implementations and masks of 2**32
+element, several times the cost of this one even when XLA fuses it (measurements in
+docs/benchmarks_notes.md). The masks are therefore not jax.random's draws: the same key gives
+other (equally distributed) masks than flax.linen.Dropout. Keys of other PRNG implementations and masks of 2**32
 elements or more use `jax.random.bits`.
 
 `add_residual` is the residual add of the encoder and decoder layers: on the CPU it keeps XLA

@@ -19,8 +19,8 @@ When all keys fit in one block (k_len <= key_block: every downsampled encoder on
 AUTO key block is 512) there is no loop: the weights and the dropout keep-mask, within the
 same O(q_len x key_block) bound, are kept for the backward instead of recomputed and redrawn,
 and the matmuls run heads-major ([batch, heads, len, head_dim]), the layout in which XLA:CPU ran
-them fastest here. Same masks, same results (to float rounding). On a 2-core
-CPU that made the s2t_transformer_s update about 0.1 s faster (docs/benchmarks_notes.md).
+them fastest here. Same masks, same results (to float rounding); the measurements are in
+docs/benchmarks_notes.md.
 """
 
 from __future__ import annotations
