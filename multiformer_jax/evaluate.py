@@ -26,7 +26,7 @@ from multiformer_jax import input_pipeline as ip
 from multiformer_jax.host_memory import use_huge_pages
 from multiformer_jax.inference import decode_split, make_translate, score
 from multiformer_jax.model import S2TModel
-from multiformer_jax.train import model_config_for, pipeline_config, training_tags
+from multiformer_jax.experiment import model_config_for, pipeline_config, training_tags
 from multiformer_jax.train_log import setup_logging
 
 

@@ -27,10 +27,13 @@ import optax
 
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import curves
+from multiformer_jax import evaluate
 from multiformer_jax import faults
 from multiformer_jax import head_selection
 from multiformer_jax import inference
 from multiformer_jax import input_pipeline as ip
+from multiformer_jax.experiment import (model_config_for, pipeline_config, stage_ctc_weight,
+                                        training_tags)
 from multiformer_jax.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
 from multiformer_jax.model_config import ModelConfig
@@ -314,54 +317,6 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
 
   return (dp.compile(train_step, static_argnums=(2, 3), donate_argnums=(0,)),
           dp.compile(eval_step))
-
-
-def pipeline_config(config, task: str, split_kind: str = "train") -> ip.PipelineConfig:
-  d = config.data
-  return ip.PipelineConfig(
-      prepared_dir=d.prepared_dir, task=task,
-      max_frames=d.max_frames if split_kind != "test" else config.eval.batch_frames,
-      num_buckets=d.num_buckets if split_kind != "test" else config.eval.num_buckets,
-      max_source_frames=d.max_source_frames,
-      max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
-      specaugment=d.specaugment and split_kind == "train", seed=d.seed,
-      target_lang_tag=d.target_lang_tag)
-
-
-def training_tags(config, stage: str):
-  """The training split's tag values ({tag: sorted values}) that give a multi-task model its
-  task ids, or None for a one-task model (evaluation and analyses must use these, not the
-  evaluated split's)."""
-  if not config.model.task_tag:
-    return None
-  return ip.split_tags(ip.SplitData(pipeline_config(config, stage), config.data.train_split))
-
-
-def stage_ctc_weight(config, stage: str | None) -> float:
-  """The stage's CTC weight (ASR only: CTC needs the transcripts, which ST batches lack)."""
-  if stage is None or stage not in config:
-    return 0.0
-  weight = float(config[stage].get("ctc_weight", 0.0))
-  if not 0.0 <= weight < 1.0:
-    raise ValueError(f"{stage}.ctc_weight={weight}; valid: 0 <= weight < 1")
-  if weight and stage != "asr":
-    raise ValueError(f"{stage}.ctc_weight={weight}: the CTC loss needs transcripts, which only "
-                     f"the ASR stage has; set it on asr.ctc_weight")
-  return weight
-
-
-def model_config_for(config, vocab_size: int, tags=None, stage: str | None = None
-                     ) -> ModelConfig:
-  """The model config with the sizes the data decides: the vocabulary and, for a multi-task
-  model, the number of tasks (the training split's distinct values of model.task_tag); with a
-  stage whose ctc_weight is set, a CTC head."""
-  values = {**config.model.to_dict(), "vocab_size": vocab_size,
-            "ctc_head": stage_ctc_weight(config, stage) > 0}
-  if config.model.task_tag:
-    if tags is None:
-      raise ValueError("model.task_tag is set: the training split's tags are needed")
-    values["num_tasks"] = max(1, len(tags[config.model.task_tag]))
-  return ModelConfig.from_dict(values)
 
 
 def carried_from_asr(name: str, decoder_layers: bool) -> bool:
@@ -719,7 +674,6 @@ def check_checkpoint_retention(config):
 
 def train_and_evaluate(config, workdir: str) -> dict:
   """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation."""
-  from multiformer_jax import evaluate  # pylint: disable=import-outside-toplevel
   log = logging.getLogger("multiformer_jax")
   bad_stages = [s for s in config.train.stages if s not in ip.TASKS]
   if bad_stages or not config.train.stages:

@@ -21,7 +21,7 @@ from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.model import S2TModel
-from multiformer_jax.train import model_config_for, pipeline_config, training_tags
+from multiformer_jax.experiment import model_config_for, pipeline_config, training_tags
 
 
 @dataclasses.dataclass
