@@ -1,0 +1,1 @@
+"""Corpus preparation: readers, features, the embedded corpus, SentencePiece, TFDS shards."""

@@ -1,0 +1,32 @@
+"""pyproject.toml: the console scripts point at real command-line entry points, the packages
+it installs exist, and its dependencies are requirements.txt's pins."""
+
+import importlib
+import os
+import tomllib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _pyproject():
+  with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+    return tomllib.load(f)
+
+
+def test_console_scripts_resolve_to_main_functions():
+  scripts = _pyproject()["project"]["scripts"]
+  assert set(scripts) == {"multiformer-evaluate", "multiformer-analyze", "multiformer-ablate",
+                          "multiformer-prepare", "multiformer-embedded-corpus"}
+  for name, target in scripts.items():
+    module, function = target.split(":")
+    entry = getattr(importlib.import_module(module), function)
+    assert callable(entry), name
+    assert entry.__code__.co_varnames[:1] == ("argv",), name    # main(argv=None), argparse
+
+
+def test_packages_and_dependencies():
+  project = _pyproject()
+  for package in ("multiformer_jax", "data_prep", "configs"):   # regular packages: found
+    assert os.path.exists(os.path.join(REPO, package, "__init__.py")), package
+  assert project["tool"]["setuptools"]["dynamic"]["dependencies"]["file"] == [
+      "requirements.txt"]
