@@ -83,7 +83,29 @@ def main(argv):
             f"{curves.format_examples(shown)}")
 
 
+def check_config_overrides(argv):
+  """An unknown `--config.a.b` key is named with the keys that exist there, exit status 2
+  (ml_collections would raise a bare AttributeError while parsing the flags)."""
+  from data_prep import cli_errors  # pylint: disable=import-outside-toplevel
+  spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+  if spec is None or not any(a.startswith("--config.") for a in argv):
+    return
+  try:
+    config = cli_errors.load_config_file(spec)
+  except Exception:  # pylint: disable=broad-except  # absl reports a bad config file itself
+    return
+  problems = cli_errors.unknown_config_keys(config, argv)
+  if problems:
+    cli_errors.exit_with("\n".join(problems))
+
+
+def run_main(argv):
+  from data_prep import cli_errors  # pylint: disable=import-outside-toplevel
+  cli_errors.report_user_errors(main, argv)
+
+
 if __name__ == "__main__":
+  check_config_overrides(sys.argv[1:])
   from multiformer_jax import host_memory  # re-executes with huge pages where that helps
   host_memory.use_huge_pages()
-  app.run(main)
+  app.run(run_main)

@@ -32,7 +32,7 @@ import wave
 
 import numpy as np
 
-from data_prep import ding, po_text
+from data_prep import cli_errors, ding, po_text
 from data_prep.espeak import Synthesizer, Voice
 
 SAMPLE_RATE = 16000
@@ -291,5 +291,9 @@ def main(argv=None):
     print(f"built {root}")
 
 
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)
+
+
 if __name__ == "__main__":
-  main()
+  cli()

@@ -37,7 +37,7 @@ import signal
 
 import numpy as np
 
-from data_prep import corpora, features, tfds_dataset, vocab
+from data_prep import cli_errors, corpora, features, tfds_dataset, vocab
 from data_prep.audio import AudioError, cut_segment, load_audio
 
 MIN_FRAMES = 5
@@ -344,5 +344,9 @@ def main(argv=None):
           f"repaired talks {r['repaired_talks'] or 'none'}")
 
 
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)
+
+
 if __name__ == "__main__":
-  main()
+  cli()

@@ -23,6 +23,8 @@ import statistics
 import subprocess
 import sys
 
+from data_prep import cli_errors
+
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_by_task",
            "st_bleu_by_task", "reported_bleu", "reported_wer", "train_wall_s", "status")
 # Which per-tag scores of results.json make the per-task columns, in order of preference
@@ -161,5 +163,9 @@ def main(argv=None):
   print(f"wrote {md_path} and {csv_path}")
 
 
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)
+
+
 if __name__ == "__main__":
-  main()
+  cli()

@@ -31,6 +31,7 @@ import sys
 
 import numpy as np
 
+from data_prep import cli_errors
 from multiformer_jax import layout as layout_lib
 from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib
@@ -422,6 +423,10 @@ def main(argv=None):
   print(json.dumps(result["paths"], indent=1))
 
 
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)
+
+
 if __name__ == "__main__":
   use_huge_pages()
-  main()
+  cli()

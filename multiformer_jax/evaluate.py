@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from data_prep import cli_errors
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.host_memory import use_huge_pages
@@ -138,6 +139,10 @@ def main(argv=None):
   print(json.dumps(result, indent=1, ensure_ascii=False))
 
 
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)
+
+
 if __name__ == "__main__":
   use_huge_pages()
-  main()
+  cli()

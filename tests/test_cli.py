@@ -1,0 +1,55 @@
+"""Errors a user causes on the command line: their message and exit status 2, no traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from configs import quickstart
+from data_prep import cli_errors
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _run(*args):
+  env = {k: v for k, v in os.environ.items() if k != cli_errors.TRACEBACK_ENV}
+  return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                        timeout=300, check=False, env=env)
+
+
+def test_an_unknown_config_key_is_named_with_the_keys_that_exist():
+  config = quickstart.get_config()
+  assert cli_errors.unknown_config_keys(config, ["--config.asr.lr=1", "--workdir=x"]) == []
+  (problem,) = cli_errors.unknown_config_keys(config, ["--config.asr.lrate=1"])
+  assert problem.startswith("--config.asr.lrate: asr has no key 'lrate'; its keys: ")
+  assert "lr, lr_scheduler" in problem
+  (problem,) = cli_errors.unknown_config_keys(config, ["--config.asr.lr.peak=1"])
+  assert "asr.lr has no key 'peak'; its keys: (none: it is a value)" in problem
+  result = _run("run.py", "--config=configs/quickstart.py", "--workdir=/tmp/unused",
+                "--config.trian.seed=3")
+  assert result.returncode == cli_errors.USER_ERROR_EXIT
+  assert "the config has no key 'trian'" in result.stderr and "train" in result.stderr
+  assert "Traceback" not in result.stderr
+
+
+def test_missing_prepared_data_and_checkpoints_exit_2_with_the_message(tmp_path):
+  result = _run("run.py", "--config=configs/quickstart.py", f"--workdir={tmp_path / 'run'}",
+                f"--config.data.prepared_dir={tmp_path / 'none'}", "--config.data.root=")
+  assert result.returncode == cli_errors.USER_ERROR_EXIT, result.stderr[-2000:]
+  assert "is not prepared and data.root is empty" in result.stderr
+  assert "Traceback" not in result.stderr
+  result = _run("-m", "multiformer_jax.evaluate", "--workdir", str(tmp_path / "none"))
+  assert result.returncode == cli_errors.USER_ERROR_EXIT, result.stderr[-2000:]
+  assert "config.json not found" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_traceback_on_request(monkeypatch):
+  def fail():
+    raise ValueError("data.cmvn='x'; valid: utterance, global, none")
+  with pytest.raises(SystemExit) as info:
+    cli_errors.report_user_errors(fail)
+  assert info.value.code == 2
+  monkeypatch.setenv(cli_errors.TRACEBACK_ENV, "1")
+  with pytest.raises(ValueError, match="data.cmvn='x'"):
+    cli_errors.report_user_errors(fail)
