@@ -5,6 +5,8 @@ skipped); unreadable, empty or unsupported files and segments past the end of th
 raise AudioError with the reason, which the preparation counts and reports.
 """
 
+import os
+
 import numpy as np
 
 SAMPLE_RATE = 16000
@@ -25,6 +27,8 @@ def load_audio(path: str) -> tuple[np.ndarray, list[str]]:
   import soundfile  # pylint: disable=import-outside-toplevel
   if path.endswith(".m4a"):
     raise AudioError("unsupported audio format", f"{path}: convert .m4a to 16 kHz wav or flac")
+  if not os.path.exists(path):          # libsndfile reports it only as a "System error"
+    raise AudioError("missing audio file", path)
   try:
     samples, rate = soundfile.read(path, dtype="float32", always_2d=True)
   except FileNotFoundError as e:

@@ -16,7 +16,8 @@ def _pyproject():
 def test_console_scripts_resolve_to_the_command_line_entries():
   scripts = _pyproject()["project"]["scripts"]
   assert set(scripts) == {"multiformer-evaluate", "multiformer-analyze", "multiformer-ablate",
-                          "multiformer-prepare", "multiformer-embedded-corpus"}
+                          "multiformer-translate", "multiformer-prepare",
+                          "multiformer-embedded-corpus"}
   for name, target in scripts.items():
     module, function = target.split(":")
     assert function == "cli", name        # main() with user errors reported (exit status 2)
