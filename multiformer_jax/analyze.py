@@ -16,8 +16,8 @@
     python -m multiformer_jax.analyze selection --workdir runs/hs --stage st --out analysis/hs
 
 Every command reads the config saved in the workdir, a checkpoint (--checkpoint best | latest |
-average), N random utterances of a split (--split, default the config's dev split; --seed),
-and writes PNG plots and CSV + markdown tables to --out.
+average | around_best), N random utterances of a split (--split, default the config's dev
+split; --seed), and writes PNG plots and CSV + markdown tables to --out.
 """
 
 from __future__ import annotations
@@ -340,8 +340,9 @@ def initial_selection_params(run: internals.Run):
 def _common(parser):
   parser.add_argument("--workdir", required=True, help="a run directory written by run.py")
   parser.add_argument("--split", default=None, help="default: the config's data.dev_split")
-  parser.add_argument("--checkpoint", default="best", choices=("latest", "best", "average"))
-  parser.add_argument("--average_last", type=int, default=10)
+  parser.add_argument("--checkpoint", default="best", choices=internals.ckpt_lib.SELECTIONS)
+  parser.add_argument("--average_last", type=int, default=10,
+                      help="checkpoints averaged by average (the last N) and around_best")
   parser.add_argument("--num_utterances", type=int, default=100)
   parser.add_argument("--batch_size", type=int, default=8)
   parser.add_argument("--seed", type=int, default=0, help="which random utterances")

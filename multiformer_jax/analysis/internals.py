@@ -48,7 +48,8 @@ class Run:
 
 def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str = "best",
              average_last: int = 10) -> Run:
-  """The run's config, a checkpoint of `stage` (latest | best | average) and a split."""
+  """The run's config, a checkpoint of `stage` (latest | best | average | around_best) and a
+  split."""
   config = ckpt_lib.load_config(workdir)
   ckpt_dir = os.path.join(workdir, stage, "checkpoints")
   if not os.path.isdir(ckpt_dir):
