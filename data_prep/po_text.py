@@ -55,43 +55,12 @@ def download_wheels(cache_dir: str, packages=None) -> dict[str, str]:
   return paths
 
 
-_ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\"}
-
-
-def _unquote(line: str) -> str:
-  body = line.strip()
-  if len(body) < 2 or body[0] != '"' or body[-1] != '"':
-    return ""
-  return re.sub(r"\\(.)", lambda m: _ESCAPES.get(m.group(1), m.group(1)), body[1:-1])
-
-
 def parse_po(text: str) -> list[tuple[str, str]]:
-  """(msgid, msgstr) of every translated, non-fuzzy, singular entry of a .po file."""
-  entries, current, field, fuzzy = [], {}, None, False
-
-  def flush():
-    if current.get("msgid") and current.get("msgstr") and not fuzzy and \
-        "msgid_plural" not in current and "msgctxt" not in current:
-      entries.append((current["msgid"], current["msgstr"]))
-
-  for line in text.splitlines():
-    if not line.strip():
-      flush()
-      current, field, fuzzy = {}, None, False
-    elif line.startswith("#,"):
-      fuzzy = fuzzy or "fuzzy" in line
-    elif line.startswith("#"):
-      continue
-    elif line.startswith('"') and field:
-      current[field] += _unquote(line)
-    else:
-      key, _, rest = line.partition(" ")
-      field = key if key in ("msgid", "msgstr", "msgid_plural", "msgctxt") else \
-          ("msgstr_n" if key.startswith("msgstr[") else None)
-      if field:
-        current[field] = current.get(field, "") + _unquote(rest)
-  flush()
-  return entries
+  """(msgid, msgstr) of every translated, non-fuzzy, non-obsolete, singular entry without a
+  context (msgctxt) of a .po file, read with polib."""
+  import polib  # pylint: disable=import-outside-toplevel
+  return [(entry.msgid, entry.msgstr) for entry in polib.pofile(text).translated_entries()
+          if entry.msgid and entry.msgstr and not entry.msgid_plural and entry.msgctxt is None]
 
 
 def clean(text: str) -> str | None:
