@@ -25,7 +25,7 @@ from data_prep import cli_errors
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.host_memory import use_huge_pages
-from multiformer_jax.inference import decode_split, make_translate, score
+from multiformer_jax.inference import decode_split, make_translate_for, score
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import model_config_for, pipeline_config, training_tags
 from multiformer_jax.train_log import setup_logging
@@ -58,6 +58,13 @@ def averaged_count(config, checkpoint: str) -> int:
   return 1
 
 
+def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
+  """(params as device arrays, description) of a stage's checkpoint selection."""
+  params, which = ckpt_lib.StageCheckpoints(
+      os.path.join(workdir, stage, "checkpoints")).select_params(checkpoint, count)
+  return jax.tree_util.tree_map(jnp.asarray, params), which
+
+
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
                    average_last: int | None = None, beam: int | None = None,
                    length_penalty: float | None = None, progress: bool = True,
@@ -79,15 +86,12 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
     if unseen:
       raise ValueError(f"{split} has {task_tag} value(s) {unseen} that the model never saw in "
                        f"training; it knows {train_tags[task_tag]}")
-  stage_ckpts = ckpt_lib.StageCheckpoints(os.path.join(workdir, stage, "checkpoints"))
-  params, which = stage_ckpts.select_params(checkpoint, average_last)
-  params = jax.tree_util.tree_map(jnp.asarray, params)
+  params, which = stage_params(workdir, stage, checkpoint, average_last)
   log.info("evaluating %s on %s (%d utterances) with %s, beam %d", stage, split, len(data),
            which, beam)
   min_len = e.get("min_len", 1) if min_len is None else min_len
   unk_penalty = e.get("unk_penalty", 0.0)
-  translate = make_translate(model, beam, length_penalty, e.max_len_a, e.max_len_b, min_len,
-                             unk_penalty)
+  translate = make_translate_for(model, e, beam, length_penalty, min_len)
   start = time.time()
   hypotheses = decode_split(params, batcher, translate, progress, task_tag, config.train.seed)
   references = data.references

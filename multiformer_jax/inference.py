@@ -62,6 +62,18 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   return jax.jit(translate)
 
 
+def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
+                       length_penalty: float | None = None, min_len: int | None = None):
+  """make_translate with a config's eval.* search settings (beam, length penalty, max_len_a/b,
+  min_len, unk_penalty); the arguments given replace theirs."""
+  return make_translate(
+      model, beam or eval_cfg.beam,
+      eval_cfg.length_penalty if length_penalty is None else length_penalty,
+      eval_cfg.max_len_a, eval_cfg.max_len_b,
+      eval_cfg.get("min_len", 1) if min_len is None else min_len,
+      eval_cfg.get("unk_penalty", 0.0))
+
+
 def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
                  task_tag: str = "", seed: int = 0):
   """-> hypotheses (detokenised) in corpus order. task_tag: the batch field of the model's task

@@ -128,10 +128,7 @@ class SplitData:
     self.tag_values["pair"] = np.array([f"{s}-{t}" for s, t in
                                         zip(index["source_lang"], index["target_lang"])])
     self.source = None  # opened lazily: data sources do not pickle
-    self.gcmvn = None
-    if config.cmvn == "global":
-      stats = np.load(os.path.join(prepared, self.summary["gcmvn"]))
-      self.gcmvn = (stats["mean"], stats["std"])
+    self.gcmvn = read_gcmvn(prepared, self.summary) if config.cmvn == "global" else None
 
   def _lang_tag_ids(self, target_langs) -> np.ndarray:
     ids = {}
@@ -157,6 +154,22 @@ class SplitData:
       self.source = tfds_dataset.open_split(os.path.join(self.config.prepared_dir, "tfds"),
                                             self.split)
     return np.asarray(self.source[int(i)]["fbank"], np.float32)
+
+
+def read_gcmvn(prepared_dir: str, summary: dict) -> tuple[np.ndarray, np.ndarray]:
+  """(mean, std) of the global CMVN statistics preparation wrote from the training split."""
+  stats = np.load(os.path.join(prepared_dir, summary["gcmvn"]))
+  return stats["mean"], stats["std"]
+
+
+def apply_cmvn(fbank: np.ndarray, cmvn: str, gcmvn=None) -> np.ndarray:
+  """fbank [frames, 80] normalised as data.cmvn says: per utterance, with the global (mean,
+  std) `gcmvn`, or not at all."""
+  if cmvn == "utterance":
+    return features_lib.utterance_cmvn(fbank)
+  if cmvn == "global":
+    return features_lib.global_cmvn(fbank, *gcmvn)
+  return fbank
 
 
 def split_tags(data: SplitData) -> dict[str, list[str]]:
@@ -249,10 +262,7 @@ class Batcher:
       if i < 0:
         continue
       fbank = data.fbank(i)
-      if cfg.cmvn == "utterance":
-        fbank = features_lib.utterance_cmvn(fbank)
-      elif cfg.cmvn == "global":
-        fbank = features_lib.global_cmvn(fbank, *data.gcmvn)
+      fbank = apply_cmvn(fbank, cfg.cmvn, data.gcmvn)
       if self.spec_augment is not None:
         fbank = self.spec_augment(fbank, np.random.default_rng([cfg.seed, epoch, int(i)]))
       batch["features"][row, :len(fbank)] = fbank

@@ -32,8 +32,7 @@ from multiformer_jax import faults
 from multiformer_jax import head_selection
 from multiformer_jax import inference
 from multiformer_jax import input_pipeline as ip
-from multiformer_jax.experiment import (model_config_for, pipeline_config, stage_ctc_weight,
-                                        training_tags)
+from multiformer_jax.experiment import model_config_for, pipeline_config, stage_ctc_weight
 from multiformer_jax.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
 from multiformer_jax.model_config import ModelConfig
@@ -143,6 +142,33 @@ def _param_name(path) -> str:
   return "/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path)
 
 
+def _flat(params) -> dict:
+  return flax.traverse_util.flatten_dict(flax.core.unfreeze(dict(params)), sep="/")
+
+
+def _groups(names) -> str:
+  """'encoder/layers_0, decoder/embed_tokens': the modules (first two path parts) of names."""
+  return ", ".join(sorted({"/".join(n.split("/")[:2]) for n in names}))
+
+
+def copy_tensors(params, source, take, labels=("source", "model")
+                 ) -> tuple[dict, list[str], list[str]]:
+  """Copies into `params` every tensor `take(name)` selects that `source` has, shapes fitting:
+  -> (flat params, names restored, '<name>: <labels[0]> <shape> vs <labels[1]> <shape>' for
+  the misfits)."""
+  flat, flat_source = _flat(params), _flat(source)
+  restored, mismatched = [], []
+  for name, value in flat.items():
+    if name in flat_source and take(name):
+      shape = tuple(np.shape(flat_source[name]))
+      if shape != tuple(value.shape):
+        mismatched.append(f"{name}: {labels[0]} {shape} vs {labels[1]} {tuple(value.shape)}")
+      else:
+        flat[name] = jnp.asarray(flat_source[name], value.dtype)
+        restored.append(name)
+  return flat, restored, mismatched
+
+
 def init_from_run(params, stage_cfg, stage: str, log: logging.Logger):
   """{stage}.init_from: the parameters of another run's same stage (its workdir), selected by
   {stage}.init_from_checkpoint; tensors the run lacks (new adapters, say) stay freshly
@@ -153,34 +179,26 @@ def init_from_run(params, stage_cfg, stage: str, log: logging.Logger):
                             f"the workdir of a run that trained the {stage} stage")
   source, which = ckpt_lib.StageCheckpoints(directory).select_params(
       stage_cfg.get("init_from_checkpoint", "latest"), stage_cfg.get("init_from_average", 10))
-  flat_new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
-  flat_src = flax.traverse_util.flatten_dict(dict(source), sep="/")
-  mismatched = [f"{n}: {tuple(np.shape(flat_src[n]))} there vs {tuple(v.shape)} here"
-                for n, v in flat_new.items()
-                if n in flat_src and tuple(np.shape(flat_src[n])) != tuple(v.shape)]
+  flat, restored, mismatched = copy_tensors(params, source, lambda name: True,
+                                            ("there", "here"))
   if mismatched:
-    raise ValueError(f"{stage}.init_from={stage_cfg.init_from!r} does not fit this model:\n  " +
-                     "\n  ".join(mismatched))
-  restored = [n for n in flat_new if n in flat_src]
-  for name in restored:
-    flat_new[name] = jnp.asarray(flat_src[name], flat_new[name].dtype)
-  fresh = sorted({"/".join(n.split("/")[:2]) for n in flat_new if n not in flat_src})
+    raise ValueError(f"{stage}.init_from={stage_cfg.init_from!r} does not fit this model:\n  "
+                     + "\n  ".join(mismatched))
+  fresh = [n for n in flat if n not in set(restored)]
   log.info("%s init from %s (%s): restored %d tensors, freshly initialised %d (%s)", stage,
-           stage_cfg.init_from, which, len(restored), len(flat_new) - len(restored),
-           ", ".join(fresh) or "none")
-  return flax.traverse_util.unflatten_dict(flat_new, sep="/")
+           stage_cfg.init_from, which, len(restored), len(fresh), _groups(fresh) or "none")
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
 
 
-def check_train_only(params, stage_cfg, stage: str):
-  """{stage}.train_only must name at least one parameter."""
+def trained_values(params, stage_cfg, stage: str) -> tuple[int, int]:
+  """(values trained, values in all) under {stage}.train_only; it must name a parameter."""
   pattern = stage_cfg.get("train_only", "")
-  if not pattern:
-    return
-  names = list(flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/"))
-  if not any(trained_by_pattern(n, pattern) for n in names):
-    groups = sorted({"/".join(n.split("/")[:2]) for n in names})
+  flat = _flat(params)
+  trained = [n for n in flat if trained_by_pattern(n, pattern)]
+  if not trained:
     raise ValueError(f"{stage}.train_only={pattern!r} names no parameter of this model; its "
-                     f"parameters are under: {', '.join(groups)}")
+                     f"parameters are under: {_groups(flat)}")
+  return sum(flat[n].size for n in trained), sum(v.size for v in flat.values())
 
 
 def stage_key(config, stage: str):
@@ -332,33 +350,24 @@ def carried_from_asr(name: str, decoder_layers: bool) -> bool:
 def carry_from_asr(params, asr_params, log: logging.Logger, decoder_layers: bool = False):
   """ST init: the encoder from the ASR checkpoint (and with `decoder_layers` the decoder's
   layers), the rest fresh. Shapes must fit."""
-  flat_new = flax.traverse_util.flatten_dict(flax.core.unfreeze(params), sep="/")
-  flat_asr = flax.traverse_util.flatten_dict(dict(asr_params), sep="/")
-  restored, fresh, mismatched = [], [], []
-  for name, value in flat_new.items():
-    if carried_from_asr(name, decoder_layers) and name in flat_asr:
-      if tuple(np.shape(flat_asr[name])) != tuple(value.shape):
-        mismatched.append(f"{name}: ASR {tuple(np.shape(flat_asr[name]))} vs ST "
-                          f"{tuple(value.shape)}")
-      else:
-        flat_new[name] = jnp.asarray(flat_asr[name], value.dtype)
-        restored.append(name)
-    else:
-      fresh.append(name)
-  missing = [n for n in flat_new if carried_from_asr(n, decoder_layers) and n not in flat_asr]
+  carried = lambda name: carried_from_asr(name, decoder_layers)
+  flat, restored, mismatched = copy_tensors(params, asr_params, carried, ("ASR", "ST"))
+  flat_asr = _flat(asr_params)
+  missing = [n for n in flat if carried(n) and n not in flat_asr]
   if mismatched or missing:
     raise ValueError("the ASR checkpoint does not fit the ST model config:\n  " +
                      "\n  ".join(mismatched + [f"{n}: not in the ASR checkpoint"
                                                for n in missing]) +
                      "\nUse the same model.* settings for both stages.")
-  skipped = sorted(n for n in flat_asr if not carried_from_asr(n, decoder_layers))
+  fresh = [n for n in flat if n not in set(restored)]
+  skipped = sorted(n for n in flat_asr if not carried(n))
   log.info("ST init: restored %d %s tensors from ASR, skipped %d ASR tensors (vocabulary-"
            "bound), freshly initialised %d tensors", len(restored),
            "encoder and decoder-layer" if decoder_layers else "encoder", len(skipped),
            len(fresh))
   for title, names in (("restored", restored), ("skipped", skipped), ("fresh", fresh)):
-    log.info("  %s: %s", title, ", ".join(sorted({"/".join(n.split("/")[:2]) for n in names})))
-  return flax.traverse_util.unflatten_dict(flat_new, sep="/")
+    log.info("  %s: %s", title, _groups(names))
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
 
 
 def loader_workers(config) -> int:
@@ -394,9 +403,7 @@ class DevScorer:
     self.data = dev_data
     self.batcher = ip.Batcher(dev_data, False, tags=tags)     # every utterance, this process
     self.beam = e.get("score_dev_beam", 1)
-    self.translate = inference.make_translate(
-        model, self.beam, e.length_penalty, e.max_len_a, e.max_len_b, e.get("min_len", 1),
-        e.get("unk_penalty", 0.0))
+    self.translate = inference.make_translate_for(model, e, self.beam)
 
   @property
   def metric(self) -> str:
@@ -467,12 +474,10 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     log.info("ST encoder from the ASR stage: %s", which)
     state = state.replace(params=carry_from_asr(state.params, asr_params, log,
                                                 scfg.get("carry_decoder_layers", False)))
-  check_train_only(state.params, scfg, stage)
   if scfg.get("train_only", ""):
-    names = flax.traverse_util.flatten_dict(flax.core.unfreeze(state.params), sep="/")
-    trained = sum(v.size for n, v in names.items() if trained_by_pattern(n, scfg.train_only))
+    trained, total = trained_values(state.params, scfg, stage)
     log.info("%s: training only the parameters named by %r (%d of %d values); the rest are "
-             "frozen", stage, scfg.train_only, trained, sum(v.size for v in names.values()))
+             "frozen", stage, scfg.train_only, trained, total)
   log.info("%s: %d parameters; encoder key block %d, FFN token chunk %d (0 = dense; "
            "model.key_block_size / ffn_token_chunk, -1 = by backend)", stage,
            sum(x.size for x in jax.tree_util.tree_leaves(state.params)),
@@ -591,13 +596,9 @@ def evaluations_without_improvement(checkpoints, step: int, eval_every: int) -> 
 def resolved_eval_every(stage_cfg, batcher: ip.Batcher) -> int:
   """{stage}.eval_every, with -1 = once per epoch of the training data (fairseq's default:
   validate and save at every epoch end): the epoch's batches / update_freq updates."""
-  every = stage_cfg.eval_every
-  if every == -1:
+  if stage_cfg.eval_every == -1:
     return max(1, len(batcher.epoch_plan(0)) // stage_cfg.update_freq)
-  if every < 1:
-    raise ValueError(f"eval_every={every}; valid: a number of updates >= 1, or -1 for once "
-                     f"per epoch")
-  return every
+  return stage_cfg.eval_every
 
 
 def _stop_agreed(stop: faults.StopRequest, step: int, every: int) -> bool:
@@ -642,7 +643,7 @@ def kept_around_best(config, stage: str) -> int:
   evaluation by "around_best" or, for the ASR stage, the ST encoder init by it averages."""
   counts = [1]
   if config.eval.checkpoint == "around_best":
-    counts.append(config.eval.get("average_around_best", 7))
+    counts.append(evaluate.averaged_count(config, "around_best"))
   if (stage == "asr" and "st" in config.train.stages and
       config.st.encoder_init == "around_best"):
     counts.append(config.st.encoder_init_average)
@@ -680,7 +681,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
                      f"valid stages: {ip.TASKS}")
   check_checkpoint_retention(config)
-  for stage in config.train.stages:
+  for stage in config.train.stages:         # resolved_eval_every reads what passes here
     if config[stage].eval_every < 1 and config[stage].eval_every != -1:
       raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
                        f"updates >= 1, or -1 for once per epoch")

@@ -28,10 +28,10 @@ from data_prep import vocab as vocab_lib
 from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
-from multiformer_jax.evaluate import averaged_count
+from multiformer_jax.evaluate import averaged_count, stage_params
 from multiformer_jax.experiment import model_config_for, training_tags
 from multiformer_jax.host_memory import use_huge_pages
-from multiformer_jax.inference import make_translate
+from multiformer_jax.inference import make_translate_for
 from multiformer_jax.model import S2TModel
 
 
@@ -80,22 +80,10 @@ class StageTranslator:
                          f"one of {langs}" + (f" (got {target_lang!r})" if target_lang else ""))
       self.prefix = symbol
     which = checkpoint or e.checkpoint
-    checkpoints = ckpt_lib.StageCheckpoints(os.path.join(workdir, stage, "checkpoints"))
-    params, self.checkpoint = checkpoints.select_params(which, averaged_count(config, which))
-    self.params = jax.tree_util.tree_map(jnp.asarray, params)
-    self.gcmvn = None
-    if d.cmvn == "global":
-      stats = np.load(os.path.join(d.prepared_dir, summary["gcmvn"]))
-      self.gcmvn = (stats["mean"], stats["std"])
-    self.translate = make_translate(self.model, beam or e.beam, e.length_penalty, e.max_len_a,
-                                    e.max_len_b, e.get("min_len", 1), e.get("unk_penalty", 0.0))
-
-  def normalise(self, fbank: np.ndarray) -> np.ndarray:
-    if self.config.data.cmvn == "utterance":
-      return features_lib.utterance_cmvn(fbank)
-    if self.config.data.cmvn == "global":
-      return features_lib.global_cmvn(fbank, *self.gcmvn)
-    return fbank
+    self.params, self.checkpoint = stage_params(workdir, stage, which,
+                                                averaged_count(config, which))
+    self.gcmvn = ip.read_gcmvn(d.prepared_dir, summary) if d.cmvn == "global" else None
+    self.translate = make_translate_for(self.model, e, beam)
 
   def __call__(self, feature_list: list[np.ndarray]) -> list[str]:
     """Normalised-as-in-training fbank matrices [frames, 80] -> one text each."""
@@ -103,7 +91,7 @@ class StageTranslator:
     batch = np.zeros((len(feature_list), frames, features_lib.NUM_MEL_BINS), np.float32)
     lengths = np.array([len(f) for f in feature_list], np.int32)
     for row, f in enumerate(feature_list):
-      batch[row, :len(f)] = self.normalise(f)
+      batch[row, :len(f)] = ip.apply_cmvn(f, self.config.data.cmvn, self.gcmvn)
     n = len(feature_list)
     tasks = None if self.tasks is None else jnp.full((n,), self.tasks, jnp.int32)
     prefix = None if self.prefix is None else jnp.full((n,), self.prefix, jnp.int32)
