@@ -58,7 +58,11 @@ def get_config(arg=None):
   # Multilingual / multi-domain (Gong et al. 2022; multiformer_jax/head_selection.py). A task is
   # a value of task_tag in the data: source_lang | target_lang | domain | pair ('' = one task).
   m.task_tag = ""
-  m.num_tasks = 1              # set from the training data when task_tag is set
+  m.encoder_task_tag = ""      # per stack ('' = task_tag): the paper keys encoder heads by
+  m.decoder_task_tag = ""      # source_lang and decoder heads by target_lang
+  m.num_tasks = 1              # the task counts are set from the training data
+  m.encoder_num_tasks = 0
+  m.decoder_num_tasks = 0
   m.encoder_candidates = 0     # H' candidate heads per encoder layer, encoder_heads of them used;
                                # the encoder layout then lists the H' candidates (any kinds)
   m.decoder_candidates = 0     # H' candidates in decoder self-attention (0 = no selection)
@@ -78,7 +82,8 @@ def get_config(arg=None):
   d.corpus = "mustc"           # mustc | mtedx | europarl_st | covost2 (the embedded corpus is
                                # mustc)
   d.root = ""                  # the corpus download directory
-  d.pairs = "en-de"            # comma-separated language pairs
+  d.pairs = "en-de"            # comma-separated language pairs (X-X: ASR data, e.g. mTEDx's)
+  d.eval_only_pairs = ""       # pairs prepared for dev and test only: zero-shot directions
   d.embedded = False           # build the embedded corpus into `root` first (no download)
   d.embedded_sources = "en"    # embedded corpus: source language(s)
   d.embedded_target = "de"     # embedded corpus: target language(s), comma-separated
@@ -166,6 +171,9 @@ def stage_config(lr):
   s.max_updates = 50000
   s.update_freq = 8            # gradient accumulation (fairseq --update-freq): batches of
                                # data.max_frames per update
+  s.pairs = ""                 # comma-separated pairs this stage trains and is evaluated on;
+                               # '' = every prepared pair (ASR) / every translation pair (ST).
+                               # An X-X pair (mTEDx's es-es ...) is ASR data only
   s.ctc_weight = 0.0           # ASR only: hybrid CTC/attention loss weight (ESPnet's
                                # mtlalpha), 0 in the papers' recipes
   s.eval_every = 1000          # updates between dev evaluations + checkpoints; -1 = once per

@@ -225,7 +225,11 @@ def _global_cmvn(train_sidecars):
 
 def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str] | None = None,
             asr_vocab: int = 5000, st_vocab: int = 8000, workers: int | None = None,
-            progress: bool = True, shard_frames: int = DEFAULT_SHARD_FRAMES) -> dict:
+            progress: bool = True, shard_frames: int = DEFAULT_SHARD_FRAMES,
+            eval_only_pairs: list[str] = ()) -> dict:
+  """`pairs` are prepared for every split, `eval_only_pairs` (directions without training
+  data: zero-shot) for every split but the first (the training split). A pair X-X (mTEDx's
+  ASR data) is transcription: its text trains the ASR vocabulary only."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
@@ -233,7 +237,9 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   workers = workers or os.cpu_count() or 1
   splits = splits or [s for s in corpora.SPLITS[corpus.split(",")[0]] if s != "tst-HE"]
   # Read every split's segment list first: layout errors surface before any work is done.
-  records = {s: corpora.read_corpora(corpus, root, pairs, s) for s in splits}
+  eval_only_pairs = [p for p in eval_only_pairs if p not in pairs]
+  records = {s: corpora.read_corpora(corpus, root, pairs + eval_only_pairs if i else pairs, s)
+             for i, s in enumerate(splits)}
   data_dir = os.path.join(out, "tfds")
   plan_path = os.path.join(out, "shards", "plan.json")
   os.makedirs(os.path.dirname(plan_path), exist_ok=True)
@@ -297,16 +303,20 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
     np.savez(os.path.join(out, "gcmvn.npz"), mean=mean, std=std)
 
   train_index = np.load(os.path.join(index_dir, f"{splits[0]}.npz"))
+  translations = [p for p in pairs + eval_only_pairs if len(set(corpora.split_pair(p))) == 2]
   # One-to-many corpora get fairseq's <lang:xx> target tags (data.target_lang_tag uses them).
-  target_langs = sorted({corpora.split_pair(p)[1] for p in pairs})
+  target_langs = sorted({corpora.split_pair(p)[1] for p in translations or pairs})
   tags = tuple(vocab.lang_tag(l) for l in target_langs) if len(target_langs) > 1 else ()
+  translated = train_index["source_lang"] != train_index["target_lang"]
+  st_texts = train_index["target_text"][translated] if translated.any() else \
+      train_index["target_text"]
   vocabularies = {
       "asr": vocab.train_sentencepiece(list(train_index["source_text"]),
                                        os.path.join(out, "spm_asr"), asr_vocab),
-      "st": vocab.train_sentencepiece(list(train_index["target_text"]),
-                                      os.path.join(out, "spm_st"), st_vocab, tags)}
+      "st": vocab.train_sentencepiece(list(st_texts), os.path.join(out, "spm_st"), st_vocab,
+                                      tags)}
   summary = {"corpus": corpus, "root": ",".join(map(os.path.abspath, root.split(","))),
-             "pairs": pairs,
+             "pairs": pairs, "eval_only_pairs": eval_only_pairs,
              "splits": {s: report[s]["kept"] for s in splits}, "tfds_dir": "tfds",
              "shards": {s: len(jobs[s]) for s in splits},
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
@@ -324,6 +334,9 @@ def main(argv=None):
   parser.add_argument("--root", required=True, help="the corpus download directory (several: "
                                                     "comma-separated, as --corpus)")
   parser.add_argument("--pairs", default="en-de", help="comma-separated, e.g. en-de,en-es")
+  parser.add_argument("--eval-only-pairs", default="",
+                      help="comma-separated pairs without training data, prepared for the "
+                           "other splits only (zero-shot directions, e.g. mTEDx's it-en)")
   parser.add_argument("--out", required=True)
   parser.add_argument("--splits", default="", help="comma-separated; default: all but tst-HE")
   parser.add_argument("--asr-vocab", type=int, default=5000)
@@ -335,7 +348,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   summary = prepare(args.corpus, args.root, args.pairs.split(","), args.out,
                     [s for s in args.splits.split(",") if s] or None, args.asr_vocab,
-                    args.st_vocab, args.workers, shard_frames=args.shard_frames)
+                    args.st_vocab, args.workers, shard_frames=args.shard_frames,
+                    eval_only_pairs=[p for p in args.eval_only_pairs.split(",") if p])
   print(json.dumps(summary, indent=1))
   with open(os.path.join(args.out, "prep_report.json"), encoding="utf-8") as f:
     report = json.load(f)

@@ -46,6 +46,10 @@ class Vocabulary:
                               f"prepare first")
     self.path = model_path
     self.sp = spm.SentencePieceProcessor(model_file=model_path)
+    prefix, suffix = LANG_TAG.split("{}")
+    self.lang_tag_ids = frozenset(
+        i for i in range(self.sp.get_piece_size())
+        if self.sp.id_to_piece(i).startswith(prefix) and self.sp.id_to_piece(i).endswith(suffix))
 
   @property
   def size(self) -> int:
@@ -60,5 +64,8 @@ class Vocabulary:
     return piece if piece != UNK_ID and self.sp.id_to_piece(piece) == symbol else None
 
   def decode(self, ids) -> str:
-    ids = [int(i) for i in ids if int(i) not in (BOS_ID, PAD_ID, EOS_ID)]
+    """Text of token ids without specials and language tags (fairseq strips the tags from
+    the output of a model trained with prepend_tgt_lang_tag: symbols_to_strip_from_output)."""
+    ids = [int(i) for i in ids if int(i) not in (BOS_ID, PAD_ID, EOS_ID)
+           and int(i) not in self.lang_tag_ids]
     return self.sp.decode(ids)

@@ -25,20 +25,30 @@ import sys
 
 from data_prep import cli_errors
 
-COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_by_task",
-           "st_bleu_by_task", "reported_bleu", "reported_wer", "train_wall_s", "status")
+COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
+           "asr_wer_by_task", "st_bleu_by_task", "reported_bleu", "reported_wer",
+           "train_wall_s", "status")
 # Which per-tag scores of results.json make the per-task columns, in order of preference
 # (the model's own task tag first).
 TASK_TAG_PREFERENCE = ("pair", "source_lang", "target_lang", "domain")
 
 
 def by_task(results: dict, metric: str) -> str:
-  """'de 12.3 · es 9.1' from an evaluation's per-tag scores ('' for a one-task test set)."""
+  """'de 12.3 · es 9.1' from an evaluation's per-tag scores ('' for a one-task test set): per
+  task of a model with one task key, else per language pair."""
   by_tag = results.get("by_tag", {})
-  for tag in (results.get("task_tag") or None,) + TASK_TAG_PREFERENCE:
+  keys = set(results.get("task_keys", {}).values())   # one key: its tasks; two: the pairs
+  for tag in (tuple(keys) if len(keys) == 1 else ()) + TASK_TAG_PREFERENCE:
     if tag in by_tag:
       return " · ".join(f"{v} {r[metric]}" for v, r in by_tag[tag].items())
   return ""
+
+
+def averages(results: dict) -> str:
+  """'AVG-A 13.2 · AVG-T 14.6 · AVG-Z 8.5' (ST) or 'AVG 49.0' (ASR): the head-selection
+  paper's averages over directions / languages ('—' where a direction was left out)."""
+  return " · ".join(f"{k} {'—' if v is None else v}"
+                    for k, v in results.get("averages", {}).items() if k.startswith("AVG"))
 
 
 def run_name(config_path: str) -> str:
@@ -67,6 +77,7 @@ def collect_row(workdir: str, name: str, status: str = "") -> dict:
           evaluation = json.load(f)
         row[column] = evaluation[key]
         row[f"{column}_by_task"] = by_task(evaluation, key)
+        row[f"{column}_avg"] = averages(evaluation)
     done = os.path.join(stage_dir, "DONE.json")
     if os.path.exists(done):
       with open(done, encoding="utf-8") as f:
@@ -111,8 +122,9 @@ def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
     writer.writeheader()
     writer.writerows(rows)
   md_path = os.path.join(out_dir, "results.md")
-  header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | WER per task | BLEU per task | "
-            "paper BLEU | paper WER | train s | status |")
+  header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | WER average over languages | "
+            "BLEU averages over directions | WER per task | BLEU per task | paper BLEU | "
+            "paper WER | train s | status |")
   lines = [header, "|" + "---|" * len(COLUMNS)]
   for r in rows:
     cells = [f"`{r[c]}`" if c == "encoder_layout" else

@@ -296,11 +296,11 @@ def analyze_selection(run: internals.Run, out_dir: str) -> dict:
     raise ValueError(f"{run.config.name} selects no heads (model.encoder_candidates and "
                      f"model.decoder_candidates are 0): nothing to analyse")
   os.makedirs(out_dir, exist_ok=True)
-  names = run.task_names
   source = f"{run.config.name}, {run.stage} {run.checkpoint}"
-  paths, kinds = {}, {}
+  paths, kinds, names_by_stack = {}, {}, {}
   for stack, info in stacks.items():
     masks, labels = info["masks"], info["labels"]
+    names = names_by_stack[stack] = run.task_names(stack)
     base = os.path.join(out_dir, f"{run.stage}_{stack}")
     paths[f"{stack}_selected"] = plots.selected_heads(
         masks, labels, names, f"{stack} heads selected per task ({source})",
@@ -321,7 +321,7 @@ def analyze_selection(run: internals.Run, out_dir: str) -> dict:
       run.model.config, initial_selection_params(run)), run.stage)
   paths["drift"] = write_table(drift, os.path.join(out_dir, f"{run.stage}_drift"),
                                f"Selection logits against their initial values ({source})")[1]
-  return {"paths": paths, "kinds": kinds, "tasks": names, "drift": drift}
+  return {"paths": paths, "kinds": kinds, "tasks": names_by_stack, "drift": drift}
 
 
 def initial_selection_params(run: internals.Run):

@@ -1,10 +1,22 @@
-"""What an experiment's config means for one stage: its data pipeline, its model config and
-its loss, as training, evaluation and the analyses all read them."""
+"""What an experiment's config means for one stage: its data pipeline (the pairs it uses), its
+task keys, its model config and its loss, as training, evaluation and the analyses all read
+them."""
 
 from __future__ import annotations
 
+import collections
+
+import numpy as np
+
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.model_config import ModelConfig
+
+
+def stage_pairs(config, stage: str) -> tuple[str, ...]:
+  """The language pairs a stage trains and is evaluated on: {stage}.pairs, comma-separated
+  ('' = every prepared pair for ASR, every translation pair for ST)."""
+  pairs = config[stage].get("pairs", "") if stage in config else ""
+  return tuple(p.strip() for p in pairs.split(",") if p.strip())
 
 
 def pipeline_config(config, task: str, split_kind: str = "train") -> ip.PipelineConfig:
@@ -16,16 +28,62 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
       specaugment=d.specaugment and split_kind == "train", seed=d.seed,
-      target_lang_tag=d.target_lang_tag)
+      target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 
 
-def training_tags(config, stage: str):
-  """The training split's tag values ({tag: sorted values}) that give a multi-task model its
-  task ids, or None for a one-task model (evaluation and analyses must use these, not the
-  evaluated split's)."""
-  if not config.model.task_tag:
+def stack_task_field(tag: str, stage: str) -> str:
+  """The tag column a stack keyed by `tag` reads in `stage`: an ASR decoder writes the source
+  language, so its target_lang is the source_lang."""
+  return "source_lang" if stage == "asr" and tag == "target_lang" else tag
+
+
+def task_keys(config, stage: str) -> dict[str, ip.TaskKey] | None:
+  """{'encoder' | 'decoder': TaskKey} of a multi-task model, or None for a one-task model.
+
+  The task names are the values of the stack's tag over the whole training split, every pair
+  of it, whichever pairs the stage uses: the encoder's ids are then the same in ASR and ST
+  (the ST encoder starts from the ASR one), and a language the ST stage never trains on but
+  the ASR stage did (a zero-shot direction's source) still has its task. Evaluation and the
+  analyses use these, not the evaluated split's values."""
+  m = config.model
+  tags = {side: m.get(f"{side}_task_tag", "") or m.task_tag for side in ("encoder", "decoder")}
+  if not any(tags.values()):
     return None
-  return ip.split_tags(ip.SplitData(pipeline_config(config, stage), config.data.train_split))
+  inventory = ip.tag_inventory(config.data.prepared_dir, config.data.train_split)
+  keys = {}
+  for side, tag in tags.items():
+    if tag:
+      field = stack_task_field(tag, stage) if side == "decoder" else tag
+      keys[side] = ip.TaskKey(field, tuple(inventory[field]))
+  return keys
+
+
+def training_pairs(config, stage: str) -> list[str]:
+  """The pairs the stage trains on (the training split's, as the stage uses them): a test
+  direction outside them is zero-shot."""
+  present = ip.tag_inventory(config.data.prepared_dir, config.data.train_split)["pair"]
+  return ip.used_pairs(present, pipeline_config(config, stage), config.data.train_split)
+
+
+def known_task_rows(data: ip.SplitData, tasks: dict[str, ip.TaskKey] | None
+                    ) -> tuple[ip.SplitData, dict[str, int]]:
+  """-> (the rows of `data` that every keyed stack has a task for, {'<field> <value>': rows
+  left out}). A model keyed by language pair has no task for a direction it never trained on
+  (the paper's adapters and mTEDx's zero-shot directions): those rows are counted, not
+  decoded with another task's parameters. Raises if no row is left."""
+  if not tasks:
+    return data, {}
+  keep = np.ones(len(data), bool)
+  unknown = collections.Counter()
+  for key in tasks.values():
+    missing = key.ids(data) < 0
+    keep &= ~missing
+    unknown.update(f"{key.field} {v}" for v in data.tag_values[key.field][missing])
+  if not keep.any():
+    raise ValueError(f"no utterance of {data.split} has a task the model knows: its values "
+                     f"{dict(unknown)}; the model's tasks: "
+                     f"{ {side: list(k.names) for side, k in tasks.items()} }")
+  return (data if keep.all() else data.subset(keep)), dict(sorted(unknown.items()))
 
 
 def stage_ctc_weight(config, stage: str | None) -> float:
@@ -41,15 +99,17 @@ def stage_ctc_weight(config, stage: str | None) -> float:
   return weight
 
 
-def model_config_for(config, vocab_size: int, tags=None, stage: str | None = None
-                     ) -> ModelConfig:
+def model_config_for(config, vocab_size: int, tasks: dict | None = None,
+                     stage: str | None = None) -> ModelConfig:
   """The model config with the sizes the data decides: the vocabulary and, for a multi-task
-  model, the number of tasks (the training split's distinct values of model.task_tag); with a
-  stage whose ctc_weight is set, a CTC head."""
+  model, the number of tasks of each stack (`tasks`, from task_keys); with a stage whose
+  ctc_weight is set, a CTC head."""
   values = {**config.model.to_dict(), "vocab_size": vocab_size,
             "ctc_head": stage_ctc_weight(config, stage) > 0}
-  if config.model.task_tag:
-    if tags is None:
-      raise ValueError("model.task_tag is set: the training split's tags are needed")
-    values["num_tasks"] = max(1, len(tags[config.model.task_tag]))
+  for side in ("encoder", "decoder"):
+    if values.get(f"{side}_task_tag", "") or values["task_tag"]:
+      if not tasks or side not in tasks:
+        raise ValueError(f"the model's {side} is keyed by a task tag: its task names "
+                         f"(experiment.task_keys) are needed")
+      values[f"{side}_num_tasks"] = max(1, len(tasks[side].names))
   return ModelConfig.from_dict(values)

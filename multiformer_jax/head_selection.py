@@ -1,6 +1,7 @@
 """Head selection (Gong et al. 2022): per task and layer, H of H' candidate attention heads.
 
-Each task t (a language or a domain, `model.task_tag`), layer l and candidate head h has a
+Each task t (a language, a domain or a pair: the stack's key, `model.encoder_task_tag` /
+`decoder_task_tag` or the shared `model.task_tag`), layer l and candidate head h has a
 logit phi[t, l, h], initialised uniformly in [ln 0.01, 0]. Training samples the Gumbel-sigmoid
 s = sigmoid((phi + G1 - G2) / tau) (G1 - G2 of two standard Gumbels is a standard logistic) and
 selects H heads:
@@ -121,11 +122,12 @@ def stack_task_modules(config, side: str):
   (`side`), as `config` (a ModelConfig) asks; created inside the stack's setup."""
   layers = getattr(config, f"{side}_layers")
   candidates = getattr(config, f"{side}_candidates")
-  selector = HeadSelector(config.num_tasks, layers, candidates, getattr(config, f"{side}_heads"),
+  num_tasks = config.stack_num_tasks(side)
+  selector = HeadSelector(num_tasks, layers, candidates, getattr(config, f"{side}_heads"),
                           config.selection_strategy, config.selection_inference,
                           config.selection_temperature, name="head_selector") \
       if candidates else None
-  adapters = [TaskAdapter(config.num_tasks, config.d_model, config.adapter_dim,
+  adapters = [TaskAdapter(num_tasks, config.d_model, config.adapter_dim,
                           config.compute_dtype, name=f"adapters_{i}")
               for i in range(layers)] if config.adapter_dim else None
   return selector, adapters

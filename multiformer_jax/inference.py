@@ -14,7 +14,7 @@ import numpy as np
 
 from multiformer_jax import decode, input_pipeline as ip
 from multiformer_jax.metrics import corpus_bleu, corpus_wer
-from multiformer_jax.model import S2TModel, init_cache
+from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
@@ -24,7 +24,7 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
   max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
 
-  tasks: [batch] task ids (multi-task models); prefix: [batch] forced first tokens (target-
+  tasks: [batch] task ids or a pair (encoder ids, decoder ids) of a multi-task model; prefix: [batch] forced first tokens (target-
   language tags); key: the PRNG key of `noisy` head-selection inference. With nbest=True it
   returns every finalised hypothesis, best first: (tokens [batch, beam, steps], scores
   [batch, beam]).
@@ -41,14 +41,15 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
       rngs = lambda i: {"selection": jax.random.fold_in(decoder_key, i)}
     else:
       encoder_key, rngs = None, lambda i: {}
-    encoded, mask = model.apply(variables, features, lengths, True, tasks,
+    encoder_tasks, decoder_tasks = split_tasks(tasks)
+    encoded, mask = model.apply(variables, features, lengths, True, encoder_tasks,
                                 method=model.encode,
                                 rngs={"selection": encoder_key} if noisy else {})
     cross_kv = model.apply(variables, encoded, method=model.cross_kv)
     batch = features.shape[0]
     max_steps = min(int(max_len_a * features.shape[1]) + max_len_b, limit) + 1   # static
     cache = init_cache(cfg, batch * beam, max_steps)
-    row_tasks = None if tasks is None else jnp.repeat(tasks, beam)   # [batch * beam]
+    row_tasks = None if decoder_tasks is None else jnp.repeat(decoder_tasks, beam)  # [b*beam]
 
     def step_fn(tokens, index, cache):
       return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
@@ -74,10 +75,9 @@ def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
       eval_cfg.get("unk_penalty", 0.0))
 
 
-def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
-                 task_tag: str = "", seed: int = 0):
-  """-> hypotheses (detokenised) in corpus order. task_tag: the batch field of the model's task
-  ids ('' for a one-task model)."""
+def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, seed: int = 0):
+  """-> hypotheses (detokenised) in corpus order; a multi-task model's task ids are the
+  batcher's (its `tasks`)."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   data = batcher.data
   hypotheses = [None] * len(data)
@@ -85,7 +85,7 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
                  desc=f"decoding {data.split}", unit="batch", disable=not progress,
                  file=sys.stderr)
   for n, batch in enumerate(batches):
-    tasks = jnp.asarray(np.maximum(batch[task_tag], 0)) if task_tag else None
+    tasks = batch_task_ids(batch)
     prefix = None
     if data.prefix is not None:
       prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
@@ -98,6 +98,15 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True,
         hypotheses[i] = data.vocab.decode(tokens[row][1:] if prefix is not None else
                                           tokens[row])
   return hypotheses
+
+
+def batch_task_ids(batch):
+  """(encoder ids, decoder ids) as device arrays of a multi-task batch (None for a stack
+  without a task key), or None for a one-task model."""
+  fields = [batch.get(f"{side}_task") for side in ("encoder", "decoder")]
+  if all(ids is None for ids in fields):
+    return None
+  return tuple(None if ids is None else jnp.asarray(np.maximum(ids, 0)) for ids in fields)
 
 
 def score(stage: str, hypotheses, references) -> dict:

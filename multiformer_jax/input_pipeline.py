@@ -17,8 +17,13 @@ same order.
 Batch (numpy):
   features [B, T, 80] float32     lengths [B] int32          weights [B] float32 (0 = padding)
   prev_tokens [B, U] int32 (EOS + tokens)   targets [B, U] int32 (tokens + EOS, pad = 1)
-  index [B] int32 (data-source index, -1 for padding)   source_lang, target_lang, domain, pair
-  [B] int32 (ids into the pipeline's `tags`, the training split's sorted values; -1 = unseen)
+  index [B] int32 (row of the split, -1 for padding)
+  encoder_task, decoder_task [B] int32 (multi-task models, the Batcher's `tasks`: ids into the
+  task names of each stack; -1 = a value the model has no task for)
+
+A split holds the rows of the pairs its stage uses (`PipelineConfig.pairs`; by default every
+pair for ASR and every translation pair, source != target, for ST: an X-X pair such as mTEDx's
+ASR data is transcription only).
 
 With `target_lang_tag` (one-to-many ST, fairseq's prepend_tgt_lang_tag) the target starts with
 the <lang:xx> symbol: prev_tokens = EOS, tag, tokens; targets = tag, tokens, EOS with the tag
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import copy
 import dataclasses
 import json
 import math
@@ -58,6 +64,7 @@ class PipelineConfig:
   specaugment: bool = True         # training split only
   seed: int = 0
   target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
+  pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the task uses them)
 
   def __post_init__(self):
     if self.task not in TASKS:
@@ -110,7 +117,11 @@ class SplitData:
     if not os.path.exists(index_path):
       raise ValueError(f"split {split!r} was not prepared in {prepared}; prepared: "
                        f"{sorted(self.summary['splits'])}")
-    index = np.load(index_path)
+    index = dict(np.load(index_path))
+    pairs = np.array([f"{s}-{t}" for s, t in zip(index["source_lang"], index["target_lang"])])
+    # Rows of the split -> data-source indices.
+    self.rows = np.flatnonzero(np.isin(pairs, used_pairs(sorted(set(pairs)), config, split)))
+    index = {name: column[self.rows] for name, column in index.items()}
     self.n_frames = index["n_frames"].astype(np.int64)
     self.ids = index["id"]
     self.vocab = vocab.Vocabulary(os.path.join(prepared, self.summary["vocab"][config.task]
@@ -125,10 +136,21 @@ class SplitData:
                      for p, t in zip(self.prefix, self.tokens)]
     self.references = [str(t) for t in texts]
     self.tag_values = {name: index[name] for name in ("source_lang", "target_lang", "domain")}
-    self.tag_values["pair"] = np.array([f"{s}-{t}" for s, t in
-                                        zip(index["source_lang"], index["target_lang"])])
+    self.tag_values["pair"] = pairs[self.rows]
     self.source = None  # opened lazily: data sources do not pickle
     self.gcmvn = read_gcmvn(prepared, self.summary) if config.cmvn == "global" else None
+
+  def subset(self, keep: np.ndarray) -> "SplitData":
+    """The same split restricted to the rows where `keep` [rows] is true."""
+    part = copy.copy(self)
+    part.rows = self.rows[keep]
+    part.n_frames, part.ids = self.n_frames[keep], self.ids[keep]
+    part.tokens = [t for t, k in zip(self.tokens, keep) if k]
+    part.references = [r for r, k in zip(self.references, keep) if k]
+    part.prefix = None if self.prefix is None else self.prefix[keep]
+    part.tag_values = {name: values[keep] for name, values in self.tag_values.items()}
+    part.source = None
+    return part
 
   def _lang_tag_ids(self, target_langs) -> np.ndarray:
     ids = {}
@@ -153,7 +175,23 @@ class SplitData:
     if self.source is None:
       self.source = tfds_dataset.open_split(os.path.join(self.config.prepared_dir, "tfds"),
                                             self.split)
-    return np.asarray(self.source[int(i)]["fbank"], np.float32)
+    return np.asarray(self.source[int(self.rows[i])]["fbank"], np.float32)
+
+
+def used_pairs(present: list[str], config: PipelineConfig, split: str) -> list[str]:
+  """Of the pairs `present` in a split, those its task uses: PipelineConfig.pairs, or by
+  default all (ASR) or the translation pairs (ST; all if the split has none)."""
+  if config.pairs:
+    used = [p for p in config.pairs if p in present]
+    if not used:
+      raise ValueError(f"{split} of {config.prepared_dir} has none of the pairs "
+                       f"{list(config.pairs)} (the {config.task} stage's pairs); it has "
+                       f"{present}")
+    return used
+  if config.task == "st":
+    translation = [p for p in present if p.split("-")[0] != p.split("-")[1]]
+    return translation or list(present)
+  return list(present)
 
 
 def read_gcmvn(prepared_dir: str, summary: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -173,8 +211,30 @@ def apply_cmvn(fbank: np.ndarray, cmvn: str, gcmvn=None) -> np.ndarray:
 
 
 def split_tags(data: SplitData) -> dict[str, list[str]]:
-  """{tag name: sorted distinct values}: with the training split, the task ids of a model."""
+  """{tag name: sorted distinct values} of the rows of `data`."""
   return {name: sorted(set(map(str, values))) for name, values in data.tag_values.items()}
+
+
+def tag_inventory(prepared_dir: str, split: str) -> dict[str, list[str]]:
+  """{tag name: sorted distinct values} over every pair of a prepared split (its index only):
+  with the training split, the task names of a multi-task model, the same for every stage."""
+  index = np.load(os.path.join(prepared_dir, "index", f"{split}.npz"))
+  sources, targets = index["source_lang"].astype(str), index["target_lang"].astype(str)
+  return {"source_lang": sorted(set(sources)), "target_lang": sorted(set(targets)),
+          "domain": sorted(set(index["domain"].astype(str))),
+          "pair": sorted({f"{s}-{t}" for s, t in zip(sources, targets)})}
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskKey:
+  """How one stack's task ids are read: the tag column and the task names in id order."""
+  field: str
+  names: tuple[str, ...]
+
+  def ids(self, data: SplitData) -> np.ndarray:
+    """[rows] the task id of each row of `data` (-1: a value with no task)."""
+    position = {name: i for i, name in enumerate(self.names)}
+    return np.array([position.get(str(v), -1) for v in data.tag_values[self.field]], np.int32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,7 +248,10 @@ class Batcher:
   """The batch plan and the batch assembly for one split."""
 
   def __init__(self, data: SplitData, train: bool, global_batch_multiple: int = 1,
-               process_index: int = 0, process_count: int = 1, tags=None):
+               process_index: int = 0, process_count: int = 1,
+               tasks: dict[str, TaskKey] | None = None):
+    """tasks: {'encoder' | 'decoder': TaskKey} of a multi-task model (batch fields
+    encoder_task / decoder_task)."""
     cfg = data.config
     self.data, self.train = data, train
     self.process_index, self.process_count = process_index, process_count
@@ -216,7 +279,7 @@ class Batcher:
       tokens = int(math.ceil(max(members.max() if members.size else 1, 1) / 8) * 8)
       size = max(multiple, (cfg.max_frames // int(frames)) // multiple * multiple)
       self.buckets.append(Bucket(int(frames), tokens, size))
-    self.tags = tags or split_tags(data)
+    self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
     self.spec_augment = features_lib.SpecAugment() if (train and cfg.specaugment) else None
 
   @property
@@ -256,7 +319,7 @@ class Batcher:
         "weights": np.zeros(n, np.float32),
         "index": np.full(n, -1, np.int32),
     }
-    for name in self.tags:
+    for name in self.task_ids:
       batch[name] = np.zeros(n, np.int32)
     for row, i in enumerate(local):
       if i < 0:
@@ -276,9 +339,8 @@ class Batcher:
         batch["targets"][row, 0] = vocab.PAD_ID
       batch["weights"][row] = 1.0
       batch["index"][row] = i
-      for name, values in self.tags.items():
-        value = str(data.tag_values[name][i])
-        batch[name][row] = values.index(value) if value in values else -1
+      for name, ids in self.task_ids.items():
+        batch[name][row] = ids[i]
     return batch
 
 

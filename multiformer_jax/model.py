@@ -20,8 +20,9 @@ class S2TModel(nn.Module):
   Call with (features [batch, frames, input_dim], lengths [batch], prev_tokens [batch, len])
   for teacher-forced logits [batch, len, vocab]; `encode`, `decode`, `cross_kv` and
   `decode_step` are the pieces (use `model.apply(variables, ..., method=...)`).
-  Multilingual / multi-domain models also take `tasks` [batch] (task ids, default 0) and, in
-  training, the head-selection `temperature`. With `ctc_head` the call also sows the CTC
+  Multilingual / multi-domain models also take `tasks`: [batch] task ids for both stacks, or
+  a pair (encoder ids, decoder ids) [batch] each when the stacks are keyed differently
+  (default 0), and, in training, the head-selection `temperature`. With `ctc_head` the call also sows the CTC
   logits of the encoder output and its mask into the "ctc" collection (`mutable=["ctc"]`).
   """
   config: ModelConfig
@@ -47,10 +48,19 @@ class S2TModel(nn.Module):
 
   def __call__(self, features, lengths, prev_tokens, deterministic: bool = True, tasks=None,
                temperature=None):
-    encoded, mask = self.encode(features, lengths, deterministic, tasks, temperature)
+    encoder_tasks, decoder_tasks = split_tasks(tasks)
+    encoded, mask = self.encode(features, lengths, deterministic, encoder_tasks, temperature)
     if self.config.ctc_head:       # read by training through the mutable "ctc" collection
       self.sow("ctc", "logits", (self.ctc_proj(encoded).astype(jnp.float32), mask))
-    return self.decode(prev_tokens, encoded, mask, deterministic, tasks, temperature)
+    return self.decode(prev_tokens, encoded, mask, deterministic, decoder_tasks, temperature)
+
+
+def split_tasks(tasks):
+  """(encoder task ids, decoder task ids) from one array for both stacks or a pair."""
+  if isinstance(tasks, (tuple, list)):
+    encoder_tasks, decoder_tasks = tasks
+    return encoder_tasks, decoder_tasks
+  return tasks, tasks
 
 
 def model_config_from(config: Any) -> ModelConfig:

@@ -64,7 +64,11 @@ class ModelConfig:
   max_target_positions: int = 1024
   # Multilingual / multi-domain models (multiformer_jax/head_selection.py).
   task_tag: str = ""               # what a task is: source_lang | target_lang | domain | pair
-  num_tasks: int = 1               # set from the training data
+  encoder_task_tag: str = ""       # the encoder's task key ('' = task_tag)
+  decoder_task_tag: str = ""       # the decoder's task key ('' = task_tag)
+  num_tasks: int = 1               # tasks of a stack whose count is not given below
+  encoder_num_tasks: int = 0       # set from the training data (0 = num_tasks)
+  decoder_num_tasks: int = 0       # set from the training data (0 = num_tasks)
   encoder_candidates: int = 0      # H' candidate heads per encoder layer (0 = no selection)
   decoder_candidates: int = 0      # H' candidates in decoder self-attention (0 = no selection)
   selection_strategy: str = "group"
@@ -107,10 +111,16 @@ class ModelConfig:
     self.layout  # parses and validates the encoder layout
 
   def validate_selection(self):
-    if self.task_tag not in TASK_TAGS:
-      raise ConfigError(f"model.task_tag={self.task_tag!r}; valid: {TASK_TAGS} ('' = one task)")
+    for name in ("task_tag", "encoder_task_tag", "decoder_task_tag"):
+      if getattr(self, name) not in TASK_TAGS:
+        raise ConfigError(f"model.{name}={getattr(self, name)!r}; valid: {TASK_TAGS} ('' = "
+                          f"{'one task' if name == 'task_tag' else 'model.task_tag'})")
     if self.num_tasks < 1:
       raise ConfigError(f"model.num_tasks={self.num_tasks} must be >= 1")
+    for side in ("encoder", "decoder"):
+      if getattr(self, f"{side}_num_tasks") < 0:
+        raise ConfigError(f"model.{side}_num_tasks={getattr(self, f'{side}_num_tasks')} must be "
+                          f">= 1 (0 = model.num_tasks)")
     if self.selection_strategy not in STRATEGIES:
       raise ConfigError(f"model.selection_strategy={self.selection_strategy!r}; valid: "
                         f"{STRATEGIES}")
@@ -138,6 +148,18 @@ class ModelConfig:
     if self.encoder_candidates and self.d_model % self.encoder_heads:
       raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
                         f"model.encoder_heads={self.encoder_heads}")
+
+  def stack_task_tag(self, side: str) -> str:
+    """The task key of the encoder or decoder (`side`): its own tag or the shared task_tag
+    ('' = one task)."""
+    return getattr(self, f"{side}_task_tag") or self.task_tag
+
+  def stack_num_tasks(self, side: str) -> int:
+    return getattr(self, f"{side}_num_tasks") or self.num_tasks
+
+  @property
+  def multi_task(self) -> bool:
+    return bool(self.stack_task_tag("encoder") or self.stack_task_tag("decoder"))
 
   @property
   def resolved_key_block_size(self) -> int:

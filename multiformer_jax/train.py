@@ -32,10 +32,10 @@ from multiformer_jax import faults
 from multiformer_jax import head_selection
 from multiformer_jax import inference
 from multiformer_jax import input_pipeline as ip
-from multiformer_jax.experiment import model_config_for, pipeline_config, stage_ctc_weight
+from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
+                                         stage_ctc_weight, task_keys)
 from multiformer_jax.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
-from multiformer_jax.model_config import ModelConfig
 from multiformer_jax.parallel import DataParallel
 from multiformer_jax.train_log import StageLogger
 
@@ -231,9 +231,12 @@ def selection_temperature(train_cfg, initial: float, step):
                      initial * jnp.exp(-decay * jnp.asarray(step, jnp.float32)))
 
 
-def batch_tasks(batch, model_config: ModelConfig):
-  """[batch] task ids of a batch (None for a one-task model)."""
-  return batch[model_config.task_tag] if model_config.task_tag else None
+def batch_tasks(batch):
+  """(encoder task ids, decoder task ids) [batch] each of a multi-task batch (None for a stack
+  without a task key), or None for a one-task model."""
+  if "encoder_task" not in batch and "decoder_task" not in batch:
+    return None
+  return batch.get("encoder_task"), batch.get("decoder_task")
 
 
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
@@ -268,7 +271,7 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
 
   def loss_sums(params, batch, deterministic, key=None, step=None):
     rngs = {"dropout": key} if key is not None else {}
-    tasks = batch_tasks(batch, cfg)
+    tasks = batch_tasks(batch)
     temperature = None if step is None or train_cfg is None else selection_temperature(
         train_cfg, cfg.selection_temperature, step)
     logits, sown = model.apply({"params": params}, batch["features"], batch["lengths"],
@@ -284,13 +287,17 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
       loss = (1.0 - ctc_weight) * loss + ctc_weight * ctc
       aux["ctc"] = ctc
     if selecting and not deterministic:
-      task_ids = jnp.zeros(batch["weights"].shape, jnp.int32) if tasks is None else tasks
       per_example = jnp.sum(targets != PAD_ID, axis=1).astype(jnp.float32)
-      task_tokens = jnp.zeros(cfg.num_tasks).at[jnp.clip(task_ids, 0)].add(per_example)
       kl = 0.0
-      for stack, candidates, heads in (("encoder", cfg.encoder_candidates, cfg.encoder_heads),
-                                       ("decoder", cfg.decoder_candidates, cfg.decoder_heads)):
+      for side, (stack, candidates, heads) in enumerate(
+          (("encoder", cfg.encoder_candidates, cfg.encoder_heads),
+           ("decoder", cfg.decoder_candidates, cfg.decoder_heads))):
         if candidates:
+          task_ids = None if tasks is None else tasks[side]
+          if task_ids is None:
+            task_ids = jnp.zeros(batch["weights"].shape, jnp.int32)
+          task_tokens = jnp.zeros(cfg.stack_num_tasks(stack)).at[jnp.clip(task_ids, 0)].add(
+              per_example)
           samples = sown["selection"][stack]["head_selector"]["samples"][0]
           kl = kl + head_selection.selection_kl(samples, task_tokens, heads / candidates)
       aux["kl"] = kl
@@ -397,11 +404,11 @@ class DevScorer:
   (fairseq's beam search, eval.max_len_*, eval.min_len) with beam eval.score_dev_beam; it
   compiles once per dev batch shape, on the first evaluation."""
 
-  def __init__(self, config, stage: str, model: S2TModel, dev_data: ip.SplitData, tags):
+  def __init__(self, config, stage: str, model: S2TModel, dev_data: ip.SplitData, tasks):
     e = config.eval
-    self.stage, self.task_tag, self.seed = stage, model.config.task_tag, config.train.seed
+    self.stage, self.seed = stage, config.train.seed
     self.data = dev_data
-    self.batcher = ip.Batcher(dev_data, False, tags=tags)     # every utterance, this process
+    self.batcher = ip.Batcher(dev_data, False, tasks=tasks)   # every utterance, this process
     self.beam = e.get("score_dev_beam", 1)
     self.translate = inference.make_translate_for(model, e, self.beam)
 
@@ -413,7 +420,7 @@ class DevScorer:
     """-> {'dev_wer' or 'dev_bleu': score, 'dev_decode_s': seconds}."""
     start = time.perf_counter()
     hypotheses = inference.decode_split(params, self.batcher, self.translate, False,
-                                        self.task_tag, self.seed)
+                                        self.seed)
     result = inference.score(self.stage, hypotheses, self.data.references)
     return {f"dev_{self.metric}": result[self.metric],
             "dev_decode_s": round(time.perf_counter() - start, 1)}
@@ -435,14 +442,20 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   scfg = config[stage]
   train_data = ip.SplitData(pipeline_config(config, stage), config.data.train_split)
   dev_data = ip.SplitData(pipeline_config(config, stage, "dev"), config.data.dev_split)
+  tasks = task_keys(config, stage)
+  dev_data, unknown = known_task_rows(dev_data, tasks)
+  if unknown:
+    log.warning("stage %s: %d dev utterances have no task in the model and are left out of "
+                "the dev loss and score: %s", stage, sum(unknown.values()), unknown)
   train_batcher = ip.Batcher(train_data, True, dp.global_batch_multiple, jax.process_index(),
-                             jax.process_count())
-  model = S2TModel(model_config_for(config, train_data.vocab.size, train_batcher.tags, stage))
-  if model.config.task_tag:
-    log.info("stage %s: %d tasks by %s: %s", stage, model.config.num_tasks,
-             model.config.task_tag, ", ".join(train_batcher.tags[model.config.task_tag]))
+                             jax.process_count(), tasks=tasks)
+  model = S2TModel(model_config_for(config, train_data.vocab.size, tasks, stage))
+  for side, key in (tasks or {}).items():
+    log.info("stage %s: %s heads keyed by %s, %d tasks: %s", stage, side, key.field,
+             len(key.names), ", ".join(key.names))
+  log.info("stage %s: pairs %s", stage, ", ".join(ip.split_tags(train_data)["pair"]))
   dev_batcher = ip.Batcher(dev_data, False, dp.global_batch_multiple, jax.process_index(),
-                           jax.process_count(), tags=train_batcher.tags)
+                           jax.process_count(), tasks=tasks)
   if train_batcher.too_long:
     log.warning("stage %s: %d training utterances longer than data.max_source_frames=%d are "
                 "skipped (e.g. %s)", stage, len(train_batcher.too_long),
@@ -485,7 +498,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
 
   train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing,
                                      config.train, stage_ctc_weight(config, stage))
-  dev_scorer = DevScorer(config, stage, model, dev_data, train_batcher.tags) if (
+  dev_scorer = DevScorer(config, stage, model, dev_data, tasks) if (
       primary and config.eval.get("score_dev", False)) else None
   step = int(state.step)
   state = dp.replicate(state)
@@ -635,7 +648,8 @@ def ensure_prepared(config, log: logging.Logger):
       embedded_corpus.build(d.root, spec)
   log.info("preparing %s -> %s", d.root, d.prepared_dir)
   prepare.prepare(d.corpus, d.root, d.pairs.split(","), d.prepared_dir,
-                  [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab)
+                  [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab,
+                  eval_only_pairs=[p for p in d.get("eval_only_pairs", "").split(",") if p])
 
 
 def kept_around_best(config, stage: str) -> int:

@@ -29,7 +29,7 @@ from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
 from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.evaluate import averaged_count, stage_params
-from multiformer_jax.experiment import model_config_for, training_tags
+from multiformer_jax.experiment import model_config_for, task_keys
 from multiformer_jax.host_memory import use_huge_pages
 from multiformer_jax.inference import make_translate_for
 from multiformer_jax.model import S2TModel
@@ -60,22 +60,17 @@ class StageTranslator:
     summary = _prepared_summary(d.prepared_dir)
     self.vocab = vocab_lib.Vocabulary(os.path.join(d.prepared_dir,
                                                    summary["vocab"][stage]["model"]))
-    tags = training_tags(config, stage)
-    self.model = S2TModel(model_config_for(config, self.vocab.size, tags, stage))
+    keys = task_keys(config, stage)
+    self.model = S2TModel(model_config_for(config, self.vocab.size, keys, stage))
     self.tasks = None
-    task_tag = self.model.config.task_tag
-    if task_tag:
-      known = tags[task_tag]
-      if task not in known:
-        raise ValueError(f"this model selects heads by {task_tag}: pass --task, one of {known}"
-                         + (f" (got {task!r})" if task else ""))
-      self.tasks = known.index(task)
+    if keys:
+      self.tasks = {side: stack_task_id(key, stage, task, target_lang)
+                    for side, key in keys.items()}
     self.prefix = None
     if stage == "st" and d.target_lang_tag:
       symbol = self.vocab.symbol_id(vocab_lib.lang_tag(target_lang or ""))
       if symbol is None:
-        pieces = (self.vocab.sp.id_to_piece(i) for i in range(self.vocab.size))
-        langs = sorted(p[6:-1] for p in pieces if p.startswith("<lang:") and p.endswith(">"))
+        langs = sorted(self.vocab.sp.id_to_piece(i)[6:-1] for i in self.vocab.lang_tag_ids)
         raise ValueError(f"this model translates into several languages: pass --target_lang, "
                          f"one of {langs}" + (f" (got {target_lang!r})" if target_lang else ""))
       self.prefix = symbol
@@ -93,11 +88,26 @@ class StageTranslator:
     for row, f in enumerate(feature_list):
       batch[row, :len(f)] = ip.apply_cmvn(f, self.config.data.cmvn, self.gcmvn)
     n = len(feature_list)
-    tasks = None if self.tasks is None else jnp.full((n,), self.tasks, jnp.int32)
+    tasks = None if self.tasks is None else tuple(
+        jnp.full((n,), self.tasks[side], jnp.int32) if side in self.tasks else None
+        for side in ("encoder", "decoder"))
     prefix = None if self.prefix is None else jnp.full((n,), self.prefix, jnp.int32)
     tokens = np.asarray(self.translate(self.params, jnp.asarray(batch), jnp.asarray(lengths),
                                       tasks, prefix, jax.random.PRNGKey(self.config.train.seed)))
     return [self.vocab.decode(row[1:] if prefix is not None else row) for row in tokens]
+
+
+def stack_task_id(key: ip.TaskKey, stage: str, task: str | None, target_lang: str | None
+                  ) -> int:
+  """The task id of one keyed stack: a stack keyed by the target language (ST) takes
+  --target_lang (else --task), every other one --task."""
+  by_target = key.field == "target_lang" and stage == "st"
+  value = (target_lang or task) if by_target else task
+  if value not in key.names:
+    option = "--target_lang" if by_target else "--task"
+    raise ValueError(f"this model selects heads by {key.field}: pass {option}, one of "
+                     f"{list(key.names)}" + (f" (got {value!r})" if value else ""))
+  return key.names.index(value)
 
 
 def _prepared_summary(prepared_dir: str) -> dict:
@@ -147,8 +157,9 @@ def main(argv=None):
   parser.add_argument("--beam", type=int, default=None, help="default: the run's eval.beam")
   parser.add_argument("--segment_seconds", type=float, default=20.0,
                       help="longer files are decoded in segments of this length")
-  parser.add_argument("--task", default=None, help="multi-task models: the task value (e.g. "
-                                                   "the source language)")
+  parser.add_argument("--task", default=None,
+                      help="multi-task models: the task of every stack not keyed by the target "
+                           "language (e.g. the source language or the domain)")
   parser.add_argument("--target_lang", default=None,
                       help="one-to-many models: the language to translate into")
   args = parser.parse_args(argv)

@@ -128,7 +128,7 @@ def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
   from multiformer_jax import train
   built, prepared = [], []
   monkeypatch.setattr(ec, "build", lambda root, spec: built.append((root, spec)))
-  monkeypatch.setattr(prepare, "prepare", lambda *args: prepared.append(args))
+  monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: prepared.append(args))
   config = quickstart.get_config()
   config.data.prepared_dir = str(tmp_path / "prepared")
   train.ensure_prepared(config, logging.getLogger("test"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data_prep import corpora, prepare, vocab
-from multiformer_jax import ablate, analyze, decode, evaluate
+from multiformer_jax import ablate, analyze, decode, evaluate, experiment
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax import train
 from multiformer_jax.analysis import selection as selection_lib
@@ -53,7 +53,7 @@ def test_target_language_tags_prefix_the_targets_and_stay_out_of_the_loss(one_to
   batcher = ip.Batcher(data, True)
   batch = batcher.assemble(0, np.arange(4), 0)
   for row in range(4):
-    lang = batcher.tags["target_lang"][batch["target_lang"][row]]
+    lang = str(data.tag_values["target_lang"][batch["index"][row]])
     assert batch["prev_tokens"][row, 1] == tags[lang]         # EOS, tag, tokens ...
     assert batch["targets"][row, 0] == vocab.PAD_ID            # the tag is not predicted
   # ASR targets (transcripts) get no tag.
@@ -82,24 +82,127 @@ def test_forced_prefix_in_beam_search():
   assert np.asarray(free)[:, 0].tolist() == [5, 5]
 
 
-def test_head_selection_run_end_to_end(one_to_many, tmp_path):
-  config = multitask_config(one_to_many)
+# An mTEDx-like dataset: two translation directions with training data, the ASR data of three
+# languages (X-X pairs) and one zero-shot direction (dev only) whose source language only the
+# ASR data has and whose target language another direction has.
+TRANSLATION_PAIRS, ASR_PAIRS, ZERO_SHOT_PAIRS = ("en-de", "fr-en"), ("en-en", "fr-fr", "es-es"), \
+    ("es-de",)
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+  root = str(tmp_path_factory.mktemp("corpus_mtedx_like"))
+  for pair in TRANSLATION_PAIRS + ASR_PAIRS + ZERO_SHOT_PAIRS:
+    splits = (("dev", 2),) if pair in ZERO_SHOT_PAIRS else (("train", 3), ("dev", 1))
+    for split, talks in splits:
+      write_split(root, split, {f"{pair}_{split}{i}": ("wav", *_good_segments(4)[::-1])
+                                for i in range(talks)}, pair)
+  out = str(tmp_path_factory.mktemp("prepared_mtedx_like"))
+  prepare.prepare("mustc", root, list(TRANSLATION_PAIRS + ASR_PAIRS), out, ["train", "dev"],
+                  asr_vocab=40, st_vocab=48, workers=1, progress=False,
+                  eval_only_pairs=list(ZERO_SHOT_PAIRS))
+  return out
+
+
+def per_stack_config(prepared_dir):
+  config = multitask_config(prepared_dir)
+  m = config.model
+  m.task_tag, m.encoder_task_tag, m.decoder_task_tag = "", "source_lang", "target_lang"
+  config.data.pairs = ",".join(TRANSLATION_PAIRS + ASR_PAIRS)
+  config.data.eval_only_pairs = ",".join(ZERO_SHOT_PAIRS)
+  config.asr.pairs = ",".join(ASR_PAIRS)
+  return config
+
+
+def pairs_of(data):
+  return sorted(set(map(str, data.tag_values["pair"])))
+
+
+def test_each_stage_reads_its_pairs_of_one_prepared_dataset(multilingual):
+  config = per_stack_config(multilingual)
+  split = lambda stage, name: ip.SplitData(train.pipeline_config(config, stage), name)
+  # Multilingual ASR on the X-X pairs; ST on the translation directions, the zero-shot one in
+  # dev only (eval_only_pairs are not prepared for the training split).
+  assert pairs_of(split("asr", "train")) == sorted(ASR_PAIRS)
+  assert pairs_of(split("st", "train")) == sorted(TRANSLATION_PAIRS)
+  assert pairs_of(split("st", "dev")) == sorted(TRANSLATION_PAIRS + ZERO_SHOT_PAIRS)
+  # Rows map to their own features: a row's fbank is its utterance's (frame counts agree).
+  data = split("st", "dev")
+  assert all(len(data.fbank(i)) == data.n_frames[i] for i in range(len(data)))
+  # The target tags are those of the translation directions; X-X text trains only the ASR
+  # vocabulary.
+  for lang, present in (("de", True), ("en", True), ("es", False), ("fr", False)):
+    assert (data.vocab.symbol_id(vocab.lang_tag(lang)) is not None) == present, lang
+  config.asr.pairs = "xx-xx"
+  with pytest.raises(ValueError, match=r"none of the pairs \['xx-xx'\].*en-en"):
+    split("asr", "train")
+
+
+def test_task_names_are_per_stack_and_the_same_in_both_stages(multilingual):
+  config = per_stack_config(multilingual)
+  asr, st = experiment.task_keys(config, "asr"), experiment.task_keys(config, "st")
+  # The encoder's tasks are the source languages of every training pair, in both stages (the
+  # ST encoder starts from the ASR one); the ASR decoder writes the source language.
+  assert asr["encoder"] == st["encoder"] == ip.TaskKey("source_lang", ("en", "es", "fr"))
+  assert asr["decoder"] == ip.TaskKey("source_lang", ("en", "es", "fr"))
+  assert st["decoder"] == ip.TaskKey("target_lang", ("de", "en", "es", "fr"))
+  model = experiment.model_config_for(config, 48, st, "st")
+  assert (model.stack_num_tasks("encoder"), model.stack_num_tasks("decoder")) == (3, 4)
+  # A model keyed by pair has no task for the zero-shot direction: its rows are counted and
+  # left out, not decoded with another task's parameters.
+  dev = ip.SplitData(train.pipeline_config(config, "st"), "dev")
+  by_pair = {"encoder": ip.TaskKey("pair", tuple(sorted(TRANSLATION_PAIRS + ASR_PAIRS)))}
+  known, left_out = experiment.known_task_rows(dev, by_pair)
+  assert pairs_of(known) == sorted(TRANSLATION_PAIRS)
+  assert left_out == {"pair es-de": int(np.sum(dev.tag_values["pair"] == "es-de"))}
+  assert len(known) + sum(left_out.values()) == len(dev)
+  assert known.references == [r for r, p in zip(dev.references, dev.tag_values["pair"])
+                              if p != "es-de"]
+
+
+def test_paper_averages_over_directions_and_languages():
+  by_tag = {"pair": {"a-b": {"bleu": 10.0}, "c-b": {"bleu": 20.0}, "d-b": {"bleu": 6.0}},
+            "source_lang": {"a": {"wer": 30.0}, "c": {"wer": 50.0}}}
+  averages = evaluate.paper_averages("st", by_tag, ["a-b", "c-b", "d-b"], ["a-b", "c-b"], [])
+  assert averages == {"AVG-A": 12.0, "AVG-T": 15.0, "AVG-Z": 6.0, "zero_shot_pairs": ["d-b"]}
+  # A direction the model could not translate leaves AVG-A and AVG-Z undefined, not biased.
+  partial = evaluate.paper_averages("st", {"pair": {p: by_tag["pair"][p] for p in ("a-b", "c-b")}},
+                                    ["a-b", "c-b", "d-b"], ["a-b", "c-b"], ["d-b"])
+  assert (partial["AVG-A"], partial["AVG-T"], partial["AVG-Z"]) == (None, 15.0, None)
+  assert evaluate.paper_averages("asr", by_tag, [], [], []) == {"AVG": 40.0}
+  assert ablate.averages({"averages": partial}) == "AVG-A — · AVG-T 15.0 · AVG-Z —"
+
+
+def test_head_selection_per_stack_with_a_zero_shot_direction_end_to_end(multilingual, tmp_path):
+  config = per_stack_config(multilingual)
   config.eval.after_training = True
   workdir = str(tmp_path)
   results = train.train_and_evaluate(config, workdir)
-  st = results["st"]["eval"]
-  assert set(st["by_tag"]["target_lang"]) == {"de", "fr"}
-  assert set(st["by_tag"]["pair"]) == set(PAIRS)
-  assert sum(r["utterances"] for r in st["by_tag"]["target_lang"].values()) == st["utterances"]
+  asr, st = results["asr"]["eval"], results["st"]["eval"]
+  # Multilingual ASR, scored per language and on average over the languages (Table 2).
+  assert set(asr["by_tag"]["source_lang"]) == {"en", "es", "fr"}
+  assert asr["averages"]["AVG"] == pytest.approx(
+      np.mean([r["wer"] for r in asr["by_tag"]["source_lang"].values()]), abs=0.01)
+  # ST on every dev direction, the zero-shot one included: AVG-A / AVG-T / AVG-Z (Table 4).
+  bleu = {p: r["bleu"] for p, r in st["by_tag"]["pair"].items()}
+  assert set(bleu) == set(TRANSLATION_PAIRS + ZERO_SHOT_PAIRS) and st["left_out"] == {}
+  assert st["averages"]["zero_shot_pairs"] == list(ZERO_SHOT_PAIRS)
+  assert st["averages"]["AVG-Z"] == pytest.approx(bleu["es-de"], abs=0.01)
+  assert st["averages"]["AVG-T"] == pytest.approx(
+      np.mean([bleu[p] for p in TRANSLATION_PAIRS]), abs=0.01)
+  assert st["averages"]["AVG-A"] == pytest.approx(np.mean(list(bleu.values())), abs=0.01)
   with open(os.path.join(workdir, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
     assert "<lang:" not in f.read()                         # the forced tag is stripped
   row = ablate.collect_row(workdir, "multi")
-  assert row["st_bleu_by_task"].startswith("de ") and " · fr " in row["st_bleu_by_task"]
+  assert row["st_bleu_by_task"].startswith("en-de ") and " · es-de " in row["st_bleu_by_task"]
+  assert row["st_bleu_avg"].startswith("AVG-A ") and row["asr_wer_avg"].startswith("AVG ")
   with open(os.path.join(workdir, "st", "log.jsonl"), encoding="utf-8") as f:
     logged = [r for r in map(json.loads, f) if "loss" in r]
   assert logged and all(np.isfinite([r["loss"], r["selection_kl"]]).all() for r in logged)
-  # What was learned, per target language: plots and tables.
+  # What was learned, per source language (encoder) and target language (decoder).
   out = str(tmp_path / "analysis")
+  result = analyze.analyze_selection(analyze.internals.load_run(workdir, "st"), out)
+  assert result["tasks"] == {"encoder": ["en", "es", "fr"], "decoder": ["de", "en", "es", "fr"]}
   analyze.main(["selection", "--workdir", workdir, "--stage", "st", "--out", out])
   for name in ("encoder_selected.png", "encoder_shared.png", "encoder_load.png",
                "decoder_load.png", "encoder_kinds.md", "encoder_selection.csv", "drift.md"):

@@ -21,7 +21,8 @@ from multiformer_jax import checkpoints as ckpt_lib
 from multiformer_jax import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.model import S2TModel
-from multiformer_jax.experiment import model_config_for, pipeline_config, training_tags
+from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
+                                         task_keys)
 
 
 @dataclasses.dataclass
@@ -34,12 +35,12 @@ class Run:
   checkpoint: str          # which checkpoint (description)
   data: ip.SplitData
   batcher: ip.Batcher
-  tags: dict | None = None  # the training split's tag values (task names of a multi-task model)
+  tasks: dict | None = None  # {'encoder' | 'decoder': TaskKey} of a multi-task model
 
-  @property
-  def task_names(self) -> list[str]:
-    tag = self.model.config.task_tag
-    return list(self.tags[tag]) if tag and self.tags else ["all"]
+  def task_names(self, stack: str) -> list[str]:
+    """The task names of the encoder or decoder in id order (['all'] for one task)."""
+    key = (self.tasks or {}).get(stack)
+    return list(key.names) if key else ["all"]
 
   @property
   def layout(self):
@@ -57,13 +58,14 @@ def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str
     raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({ckpt_dir}); stages with "
                             f"checkpoints: {stages or 'none'}")
   data = ip.SplitData(pipeline_config(config, stage, "test"), split or config.data.dev_split)
-  tags = training_tags(config, stage)
-  model_config = dataclasses.replace(model_config_for(config, data.vocab.size, tags),
+  tasks = task_keys(config, stage)
+  data, _ = known_task_rows(data, tasks)
+  model_config = dataclasses.replace(model_config_for(config, data.vocab.size, tasks),
                                      dtype="float32")
   params, which = ckpt_lib.StageCheckpoints(ckpt_dir).select_params(checkpoint, average_last)
   params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.float32), params)
   return Run(config, stage, S2TModel(model_config), params, which, data,
-             ip.Batcher(data, False, tags=tags), tags)
+             ip.Batcher(data, False, tasks=tasks), tasks)
 
 
 def sample_utterances(data: ip.SplitData, count: int, seed: int = 0) -> np.ndarray:
