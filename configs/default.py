@@ -21,7 +21,8 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict()
   config.name = "default"
   # What the paper reports for this architecture (MuST-C tst-COMMON), for results tables.
-  config.reported = ml_collections.ConfigDict({"bleu": -1.0, "wer": -1.0, "source": ""})
+  config.reported = ml_collections.ConfigDict({"bleu": -1.0, "wer": -1.0, "source": "",
+                                               "averages": ""})
 
   # --- model: every field of multiformer_jax.model_config.ModelConfig ---------------------
   m = config.model = ml_collections.ConfigDict()

@@ -27,7 +27,7 @@ from data_prep import cli_errors
 
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
            "asr_wer_by_task", "st_bleu_by_task", "reported_bleu", "reported_wer",
-           "train_wall_s", "status")
+           "reported_averages", "train_wall_s", "status")
 # Which per-tag scores of results.json make the per-task columns, in order of preference
 # (the model's own task tag first).
 TASK_TAG_PREFERENCE = ("pair", "source_lang", "target_lang", "domain")
@@ -67,6 +67,7 @@ def collect_row(workdir: str, name: str, status: str = "") -> dict:
     for key in ("bleu", "wer"):            # a negative value: the paper has no such number
       value = config.get("reported", {}).get(key, "")
       row[f"reported_{key}"] = value if isinstance(value, (int, float)) and value >= 0 else ""
+    row["reported_averages"] = config.get("reported", {}).get("averages", "")
   wall = 0.0
   for stage, key, column in (("asr", "wer", "asr_wer"), ("st", "bleu", "st_bleu")):
     stage_dir = os.path.join(workdir, stage)
@@ -105,7 +106,7 @@ def seeds_row(rows: list[dict], name: str) -> dict:
   row["encoder_layout"] = next((r["encoder_layout"] for r in rows if r["encoder_layout"]), "")
   for column in ("asr_wer", "st_bleu"):
     row[column] = mean_std(r[column] for r in rows)
-  for column in ("reported_bleu", "reported_wer"):
+  for column in ("reported_bleu", "reported_wer", "reported_averages"):
     row[column] = rows[0][column] if rows else ""
   walls = [r["train_wall_s"] for r in rows if isinstance(r["train_wall_s"], (int, float))]
   row["train_wall_s"] = round(sum(walls), 1) if walls else ""
@@ -124,7 +125,7 @@ def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
   md_path = os.path.join(out_dir, "results.md")
   header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | WER average over languages | "
             "BLEU averages over directions | WER per task | BLEU per task | paper BLEU | "
-            "paper WER | train s | status |")
+            "paper WER | paper averages | train s | status |")
   lines = [header, "|" + "---|" * len(COLUMNS)]
   for r in rows:
     cells = [f"`{r[c]}`" if c == "encoder_layout" else

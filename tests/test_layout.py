@@ -126,21 +126,49 @@ def test_every_config_is_a_paper_config_or_says_its_batch():
     assert config.asr.update_freq == config.st.update_freq == 1, name
 
 
-# Gong et al. 2022, Tables 2-5, transcribed: (ASR WER, ST BLEU) per config and variant.
+# Gong et al. 2022, Tables 2-5, transcribed: (ASR WER, ST BLEU, Table 4 / 5 AVG-A, AVG-T, AVG-Z)
+# per config and variant.
 HEAD_SELECTION_TABLES = {
-    ("multilingual_s2t_transformer_s", None): (49.0, 13.2),
-    ("adapters_s2t_transformer_s", None): (41.1, 14.8),
-    ("head_selection_s2t_transformer_s", None): (40.0, 15.2),
-    ("head_selection_s2t_transformer_s", "subset"): (44.7, 13.3),
-    ("multilingual_s2t_transformer_s", "domain"): (42.7, 13.7),
-    ("adapters_s2t_transformer_s", "domain"): (41.7, 14.0),
-    ("head_selection_s2t_transformer_s", "domain"): (41.0, 15.6),
-    ("head_selection_s2t_transformer_s", "domain,subset"): (41.8, 13.8),
-    ("head_selection_s2t_transformer_s", "subset,domain"): (41.8, 13.8)}
+    ("multilingual_s2t_transformer_s", None): (49.0, 13.2, (13.2, 14.6, 8.5)),
+    ("adapters_s2t_transformer_s", None): (41.1, 14.8, (None, 14.8, None)),
+    ("head_selection_s2t_transformer_s", None): (40.0, 15.2, (15.2, 16.7, 10.4)),
+    ("head_selection_s2t_transformer_s", "subset"): (44.7, 13.3, (13.3, 14.7, 8.5)),
+    ("multilingual_s2t_transformer_s", "domain"): (42.7, 13.7, (13.7, 13.6, 13.9)),
+    ("adapters_s2t_transformer_s", "domain"): (41.7, 14.0, (14.0, 14.3, 13.2)),
+    ("head_selection_s2t_transformer_s", "domain"): (41.0, 15.6, (15.6, 15.9, 14.8)),
+    ("head_selection_s2t_transformer_s", "domain,subset"): (41.8, 13.8, (13.8, 14.3, 13.1)),
+    ("head_selection_s2t_transformer_s", "subset,domain"): (41.8, 13.8, (13.8, 14.3, 13.1))}
 
 
 @pytest.mark.parametrize("name, variant", sorted(HEAD_SELECTION_TABLES, key=str))
 def test_head_selection_configs_report_their_table_rows(name, variant):
   config = importlib.import_module(f"configs.{name}").get_config(variant)
-  assert (config.reported.wer, config.reported.bleu) == HEAD_SELECTION_TABLES[(name, variant)]
+  wer, bleu, averages = HEAD_SELECTION_TABLES[(name, variant)]
+  assert (config.reported.wer, config.reported.bleu) == (wer, bleu)
+  expected = " · ".join(f"{k} {'—' if v is None else v}"
+                        for k, v in zip(("AVG-A", "AVG-T", "AVG-Z"), averages))
+  assert config.reported.averages == expected
   assert "Table" in config.reported.source
+
+
+def test_the_paper_multilingual_configs_key_and_split_their_data_as_the_paper():
+  """Head selection keys encoder heads by source and decoder heads by target language; ASR
+  trains on the 8 languages' ASR data, ST on the 10 training directions, 3 zero-shot
+  directions are prepared for evaluation; the shared baseline has no task key, the adapters
+  are per pair."""
+  from configs import head_selection_s2t_transformer_s as hs
+  config = hs.get_config()
+  assert (config.model.encoder_task_tag, config.model.decoder_task_tag) == ("source_lang",
+                                                                            "target_lang")
+  assert config.asr.pairs.split(",") == ["ar-ar", "de-de", "el-el", "es-es", "fr-fr", "it-it",
+                                         "pt-pt", "ru-ru"]
+  assert len(hs.MTEDX_ST_PAIRS.split(",")) == 10 and config.st.pairs == ""
+  assert config.data.eval_only_pairs == "it-en,it-es,pt-es"
+  assert set(config.data.pairs.split(",")) == set(hs.MTEDX_ST_PAIRS.split(",") +
+                                                  config.asr.pairs.split(","))
+  baseline = importlib.import_module("configs.multilingual_s2t_transformer_s").get_config()
+  assert not (baseline.model.task_tag or baseline.model.encoder_task_tag)
+  adapters = importlib.import_module("configs.adapters_s2t_transformer_s").get_config()
+  assert adapters.model.task_tag == "pair"
+  domain = hs.get_config("domain")
+  assert (domain.model.task_tag, domain.model.encoder_task_tag) == ("domain", "")
