@@ -52,9 +52,9 @@ def main(argv):
   del argv
   import os  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from multiformer_jax import train  # after flag parsing: imports JAX
-  from multiformer_jax.train_log import setup_logging
-  from multiformer_jax import faults  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.training import train  # after flag parsing: imports JAX
+  from multiformer_jax.runtime.train_log import setup_logging
+  from multiformer_jax.runtime import faults  # pylint: disable=import-outside-toplevel
   initialize_distributed(jax)
   setup_logging()
   cache = _CONFIG.value.train.compilation_cache
@@ -75,7 +75,7 @@ def main(argv):
     md_path, _ = ablate.write_table([row], _WORKDIR.value)
     with open(md_path, encoding="utf-8") as f:
       print(f.read())
-    from multiformer_jax import curves  # pylint: disable=import-outside-toplevel
+    from multiformer_jax.training import curves  # pylint: disable=import-outside-toplevel
     split = _CONFIG.value.data.test_split
     shown = curves.examples(_WORKDIR.value, split)
     if shown:
@@ -106,6 +106,6 @@ def run_main(argv):
 
 if __name__ == "__main__":
   check_config_overrides(sys.argv[1:])
-  from multiformer_jax import host_memory  # re-executes with huge pages where that helps
+  from multiformer_jax.runtime import host_memory  # re-executes with huge pages where that helps
   host_memory.use_huge_pages()
   app.run(run_main)

@@ -27,12 +27,12 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (Results, compiled, local_heads_in_one_chunk, machine,  # noqa: E402
                                time_call)
-from multiformer_jax.attention.blockwise import blockwise_attention  # noqa: E402
-from multiformer_jax.attention.conv import ConvAttention  # noqa: E402
-from multiformer_jax.attention.full import softmax_attention  # noqa: E402
-from multiformer_jax.attention.kernel import favor_attention, orthogonal_gaussian_features  # noqa: E402,E501
-from multiformer_jax.attention.local import local_attention  # noqa: E402
-from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.model.attention.blockwise import blockwise_attention  # noqa: E402
+from multiformer_jax.model.attention.conv import ConvAttention  # noqa: E402
+from multiformer_jax.model.attention.full import softmax_attention  # noqa: E402
+from multiformer_jax.model.attention.kernel import favor_attention, orthogonal_gaussian_features  # noqa: E402,E501
+from multiformer_jax.model.attention.local import local_attention  # noqa: E402
+from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
 
 LOCAL_WINDOWS = (5, 17, 33, 65, 129)
 KEY_BLOCK = 512   # the blockwise rows (model.key_block_size)

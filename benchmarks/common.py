@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multiformer_jax.attention import local as local_lib
+from multiformer_jax.model.attention import local as local_lib
 
 
 def machine() -> dict:

@@ -3,7 +3,7 @@
     python benchmarks/decode.py --out docs/benchmarks/decode.jsonl [--config s2t_transformer_s]
         [--batch 8] [--frames 1000] [--tokens 50] [--beam 5]
 
-Both run the same `multiformer_jax.decode.beam_search` (fairseq semantics) on the same model
+Both run the same `multiformer_jax.evaluation.decode.beam_search` (fairseq semantics) on the same model
 (random weights of the named config, vocabulary 8000) and utterances; the hypothesis length is
 fixed by max_len = `--tokens` (EOS forced after it; a random model almost never ends earlier,
 and the output lengths are reported). "cached" is the toolkit's decoder: cross-attention keys
@@ -25,9 +25,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Results, machine, time_call  # noqa: E402
-from multiformer_jax import build_model, decode, init_params  # noqa: E402
-from multiformer_jax.inference import make_translate  # noqa: E402
-from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax import build_model, init_params
+from multiformer_jax.evaluation import decode  # noqa: E402
+from multiformer_jax.evaluation.inference import make_translate  # noqa: E402
+from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
 
 
 def make_recompute_translate(model, beam: int, tokens: int):

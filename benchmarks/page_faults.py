@@ -4,7 +4,7 @@
 
 Runs the same child twice, with MULTIFORMER_HUGE_PAGES=0 (glibc's defaults) and with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what the entry points set up,
-multiformer_jax/host_memory.py).
+multiformer_jax/runtime/host_memory.py).
 The child times jit(-x) and jit(exp(x)) on a `--mib` MiB float32 array, and a numpy multiply of
 the same array into a preallocated output for the memory bandwidth, reporting the median
 milliseconds of `--repeats` calls and the minor page faults per call (getrusage).

@@ -249,7 +249,7 @@ def page_fault_section(directory):
 Command: `{_cmd(meta['command'])}` ({meta['cpu_count']} cores). One call on a
 {meta['mib']} MiB float32 array, median of {meta['repeats']}; "glibc defaults" is a process
 with MULTIFORMER_HUGE_PAGES=0, the other what the entry points set up
-(`multiformer_jax/host_memory.py`).
+(`multiformer_jax/runtime/host_memory.py`).
 
 {table}
 """

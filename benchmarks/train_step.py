@@ -35,10 +35,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
                                lowered_flops, machine, matmul_peak)
-from multiformer_jax import build_model, train  # noqa: E402
-from multiformer_jax.model_config import DROPOUT_RATES  # noqa: E402
-from multiformer_jax.parallel import DataParallel  # noqa: E402
-from multiformer_jax.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax import build_model
+from multiformer_jax.training import train  # noqa: E402
+from multiformer_jax.model.model_config import DROPOUT_RATES  # noqa: E402
+from multiformer_jax.training.parallel import DataParallel  # noqa: E402
+from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
 
 
 def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int):
@@ -81,7 +82,7 @@ def model_flops(config, batch) -> float:
   """XLA's FLOPs of one update of the model without the loop-based memory options and without
   dropout: XLA counts a loop body once, so the blockwise softmax and the chunked FFN would
   show a fraction of their work, and it counts the integer operations of the dropout masks'
-  hash (multiformer_jax/dropout.py; 2.6 GFLOP of 271.5 in an s2t_transformer_s update at batch
+  hash (multiformer_jax/model/dropout.py; 2.6 GFLOP of 271.5 in an s2t_transformer_s update at batch
   8, ~22 of 300 with the threefry hash before 2026-11-24), which are not model arithmetic. The
   memory options' recomputation is not counted (model FLOPs, as in MFU); local heads, which
   always loop, are traced as one chunk (their backward's recomputed q k^T is counted). The

@@ -24,7 +24,7 @@ def get_config(arg=None):
   config.reported = ml_collections.ConfigDict({"bleu": -1.0, "wer": -1.0, "source": "",
                                                "averages": ""})
 
-  # --- model: every field of multiformer_jax.model_config.ModelConfig ---------------------
+  # --- model: every field of multiformer_jax.model.model_config.ModelConfig ---------------------
   m = config.model = ml_collections.ConfigDict()
   m.vocab_size = 8000          # target vocabulary incl. the 4 fairseq specials (set by data)
   m.input_dim = 80             # fbank channels
@@ -34,7 +34,7 @@ def get_config(arg=None):
   m.decoder_layers = 6
   m.encoder_heads = 4          # heads per encoder layer (the layout's heads must sum to it)
   m.decoder_heads = 4
-  # Head layout of the encoder, thesis notation (multiformer_jax/layout.py):
+  # Head layout of the encoder, thesis notation (multiformer_jax/model/layout.py):
   # full | local(w[,d]) | kernel[(m)] | conv[(k,s[,type])], e.g. 12x(2*local(65)+2*conv(5,2)).
   m.encoder_layout = "12x(4*full)"
   m.conv_kernels = (5, 5)      # subsampler Conv1d kernels, one per layer
@@ -56,7 +56,7 @@ def get_config(arg=None):
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024
-  # Multilingual / multi-domain (Gong et al. 2022; multiformer_jax/head_selection.py). A task is
+  # Multilingual / multi-domain (Gong et al. 2022; multiformer_jax/model/head_selection.py). A task is
   # a value of task_tag in the data: source_lang | target_lang | domain | pair ('' = one task).
   m.task_tag = ""
   m.encoder_task_tag = ""      # per stack ('' = task_tag): the paper keys encoder heads by

@@ -46,7 +46,7 @@ GCMVN_MAX_UTTERANCES = 150_000
 EXAMPLES_PER_REASON = 20
 META_FIELDS = tfds_dataset.TEXT_FIELDS
 FRAMES_PER_SECOND = 100
-FAULT_ENV = "MULTIFORMER_JAX_FAULT"            # as multiformer_jax.faults (tests only)
+FAULT_ENV = "MULTIFORMER_JAX_FAULT"            # as multiformer_jax.runtime.faults (tests only)
 # About 320 MB of float32 features per shard: MuST-C En-De train (~400 h) is ~150 shards.
 DEFAULT_SHARD_FRAMES = 1_000_000
 

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import collections
 
+import jax
 import numpy as np
 
-from multiformer_jax import input_pipeline as ip
-from multiformer_jax.model_config import ModelConfig
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.model import S2TModel, init_params
+from multiformer_jax.model.model_config import ModelConfig
 
 
 def stage_pairs(config, stage: str) -> tuple[str, ...]:
@@ -84,6 +86,16 @@ def known_task_rows(data: ip.SplitData, tasks: dict[str, ip.TaskKey] | None
                      f"{dict(unknown)}; the model's tasks: "
                      f"{ {side: list(k.names) for side, k in tasks.items()} }")
   return (data if keep.all() else data.subset(keep)), dict(sorted(unknown.items()))
+
+
+def stage_key(config, stage: str):
+  """The PRNG key a stage starts from (its initial parameters and its dropout stream)."""
+  return jax.random.fold_in(jax.random.PRNGKey(config.train.seed), len(stage))
+
+
+def initial_params(model: S2TModel, key):
+  """The parameters training initialises from `key` (before any ST encoder carry)."""
+  return init_params(model, jax.random.split(key)[0])
 
 
 def stage_ctc_weight(config, stage: str | None) -> float:

@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax import analyze, train
+from multiformer_jax.analysis import analyze
+from multiformer_jax.training import train
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib

@@ -5,13 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax.attention import (MultiHeadMultiAttention, favor_attention,
+from multiformer_jax.model.attention import (MultiHeadMultiAttention, favor_attention,
                                        local_attention, softmax_attention)
-from multiformer_jax.attention import local as local_lib
-from multiformer_jax.attention.blockwise import dropout_keep_mask
-from multiformer_jax.attention.kernel import (favor_weights, max_over_features,
+from multiformer_jax.model.attention import local as local_lib
+from multiformer_jax.model.attention.blockwise import dropout_keep_mask
+from multiformer_jax.model.attention.kernel import (favor_weights, max_over_features,
                                               orthogonal_gaussian_features)
-from multiformer_jax.layout import parse_layout
+from multiformer_jax.model.layout import parse_layout
 
 RNG = np.random.default_rng(0)
 
@@ -281,7 +281,7 @@ def test_identity_conv_head_equals_full_head():
 
 def test_conv_head_equals_numpy_reference():
   """Depthwise conv(5,2): zero padded frames, pad k//2, stride, compressed mask, softmax."""
-  from multiformer_jax.attention.conv import ConvAttention
+  from multiformer_jax.model.attention.conv import ConvAttention
   length, lengths = 13, [13, 8]
   q, k, v = qkv(2, length, 2, 4)
   mask = jnp.asarray(np.arange(length)[None] < np.asarray(lengths)[:, None])
@@ -352,6 +352,6 @@ def test_conv_key_counts_against_the_thesis_codes_padding(kernel, stride, ours, 
   """A 100-frame utterance: this project pads k//2 on each side (README, "Choices ..."), the
   reference code s//2 after right-padding: conv(5,2) attends to 49 of its 50 keys there, and
   conv(7,3) computes 32 keys (34 here) under a 33-long mask."""
-  from multiformer_jax.attention.masks import conv_output_lengths
+  from multiformer_jax.model.attention.masks import conv_output_lengths
   assert int(conv_output_lengths(100, kernel, stride, kernel // 2)) == ours
   assert _speechformer_conv_keys(100, kernel, stride) == reference

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 
 from multiformer_jax import ModelConfig
-from multiformer_jax.attention import softmax_attention
-from multiformer_jax.attention.blockwise import blockwise_attention, dropout_keep_mask
-from multiformer_jax.attention.masks import lengths_to_mask
-from multiformer_jax.dropout import bernoulli
-from multiformer_jax.encoder import EncoderLayer
-from multiformer_jax.feedforward import FeedForward
-from multiformer_jax.model_config import ConfigError
+from multiformer_jax.model.attention import softmax_attention
+from multiformer_jax.model.attention.blockwise import blockwise_attention, dropout_keep_mask
+from multiformer_jax.model.attention.masks import lengths_to_mask
+from multiformer_jax.model.dropout import bernoulli
+from multiformer_jax.model.encoder import EncoderLayer
+from multiformer_jax.model.feedforward import FeedForward
+from multiformer_jax.model.model_config import ConfigError
 from tests.test_attention import mhma, np_attention, qkv
 from tests.test_model import TINY, jitted_apply, tiny_model
 

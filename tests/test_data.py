@@ -9,7 +9,7 @@ import pytest
 
 from data_prep import corpora, prepare
 from data_prep.features import SpecAugment, fbank, utterance_cmvn
-from multiformer_jax import input_pipeline as ip
+from multiformer_jax.data import input_pipeline as ip
 from tests.kaldi_reference import kaldi_fbank
 
 RNG = np.random.default_rng(0)

@@ -14,7 +14,7 @@ import pytest
 from data_prep import corpora, prepare, tfds_dataset
 from data_prep.audio import cut_segment, load_audio
 from data_prep.features import fbank
-from multiformer_jax import input_pipeline as ip
+from multiformer_jax.data import input_pipeline as ip
 
 SMALL_SHARD_FRAMES = 300        # the tiny corpus's train split (~4000 frames) in many shards
 

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax.decode import beam_search
+from multiformer_jax.evaluation.decode import beam_search
 
 V, EOS, PAD, BOS = 6, 2, 1, 0
 

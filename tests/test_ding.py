@@ -125,7 +125,7 @@ def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
   from configs import quickstart
   from data_prep import embedded_corpus as ec
   from data_prep import prepare
-  from multiformer_jax import train
+  from multiformer_jax.training import train
   built, prepared = [], []
   monkeypatch.setattr(ec, "build", lambda root, spec: built.append((root, spec)))
   monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: prepared.append(args))

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax import dropout as fusable
+from multiformer_jax.model import dropout as fusable
 
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (2, 3, 4, 5), (8, 4, 25, 33)]
 KEYS = {"raw": jax.random.PRNGKey(0), "raw_large_seed": jax.random.PRNGKey(2 ** 40 + 17),

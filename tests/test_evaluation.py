@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax import checkpoints as ckpt_lib
-from multiformer_jax import decode
-from multiformer_jax.metrics import corpus_bleu, corpus_wer
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.evaluation import decode
+from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import init_cache
 from tests.test_model import jitted_apply, tiny_model
 

@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax.dropout import Dropout
-from multiformer_jax.feedforward import FeedForward
-from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
+from multiformer_jax.model.dropout import Dropout
+from multiformer_jax.model.feedforward import FeedForward
+from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
 
 class FlaxFeedForward(nn.Module):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from multiformer_jax import ConfigError, ModelConfig, init_cache
-from multiformer_jax import head_selection as hs
-from multiformer_jax.attention.multi import MultiHeadMultiAttention
-from multiformer_jax.layout import parse_layout
-from multiformer_jax.metrics import label_smoothed_nll
+from multiformer_jax.model import head_selection as hs
+from multiformer_jax.model.attention.multi import MultiHeadMultiAttention
+from multiformer_jax.model.layout import parse_layout
+from multiformer_jax.evaluation.metrics import label_smoothed_nll
 from tests.test_model import tiny_model_factory
 
 RNG = np.random.default_rng(0)
@@ -211,7 +211,7 @@ def test_bad_selection_configs_name_the_value(overrides, message):
 
 
 def test_translate_is_deterministic_unless_noisy_inference_is_asked_for():
-  from multiformer_jax.inference import make_translate  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.evaluation.inference import make_translate  # pylint: disable=import-outside-toplevel
   feats, lengths, _ = _inputs()
   tasks = jnp.array([0, 1, 2])
   hypotheses = {}
@@ -227,7 +227,7 @@ def test_translate_is_deterministic_unless_noisy_inference_is_asked_for():
 
 def test_the_selection_logits_can_have_a_learning_rate_of_their_own():
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from multiformer_jax import train  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.training import train  # pylint: disable=import-outside-toplevel
   params = {"encoder": {"head_selector": {"logits": jnp.zeros((2, 3))},
                         "layers_0": {"w": jnp.zeros((3,))}}}
   grads = jax.tree_util.tree_map(jnp.ones_like, params)

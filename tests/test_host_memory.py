@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from multiformer_jax import host_memory
+from multiformer_jax.runtime import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,7 +56,7 @@ def test_reads_the_kernel_thp_mode(tmp_path, monkeypatch, text, mode):
 SCRIPT = """
 import os, sys
 print("start", flush=True)
-from multiformer_jax.host_memory import use_huge_pages
+from multiformer_jax.runtime.host_memory import use_huge_pages
 use_huge_pages()
 print("done", sys.argv[1:], os.environ.get("GLIBC_TUNABLES", ""))
 """

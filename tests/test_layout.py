@@ -7,7 +7,7 @@ import os
 import pytest
 
 from multiformer_jax import LayoutError, ModelConfig, format_layout, parse_layout
-from multiformer_jax.layout import ConvHeads, FullHeads, HeadGroup, KernelHeads, LocalHeads
+from multiformer_jax.model.layout import ConvHeads, FullHeads, HeadGroup, KernelHeads, LocalHeads
 
 CONFIG_FILES = sorted(os.path.basename(f)[:-3] for f in glob.glob("configs/*.py")
                       if not f.endswith("__init__.py"))
@@ -82,7 +82,7 @@ def test_rejects_bad_layouts_with_a_clear_message(text, kwargs, message):
 
 
 def test_model_config_rejects_unknown_keys_and_types():
-  from multiformer_jax.model_config import ConfigError
+  from multiformer_jax.model.model_config import ConfigError
   with pytest.raises(ConfigError, match="unknown model config key.*'d_modle'.*valid keys"):
     ModelConfig.from_dict({"d_modle": 256})
   with pytest.raises(ConfigError, match="model.d_model='256' has type str; expected int"):

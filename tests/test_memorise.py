@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from configs import default
-from multiformer_jax import input_pipeline as ip
-from multiformer_jax import train
-from multiformer_jax.inference import make_translate
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.training import train
+from multiformer_jax.evaluation.inference import make_translate
 from multiformer_jax.model import S2TModel
-from multiformer_jax.parallel import DataParallel
+from multiformer_jax.training.parallel import DataParallel
 
 UTTERANCES = 5
 UPDATES = 300

@@ -8,8 +8,8 @@ import pytest
 
 from configs import s2t_transformer_s, s2t_v2
 from multiformer_jax import ModelConfig, build_model, count_params, init_cache, init_params
-from multiformer_jax.positions import padded_positions
-from multiformer_jax.subsampler import Conv1dSubsampler, subsampled_lengths
+from multiformer_jax.model.positions import padded_positions
+from multiformer_jax.model.subsampler import Conv1dSubsampler, subsampled_lengths
 
 RNG = np.random.default_rng(0)
 
@@ -172,7 +172,7 @@ def test_dropout_is_active_only_in_training():
 
 
 def test_bfloat16_compute_keeps_float32_parameters():
-  from multiformer_jax.metrics import label_smoothed_nll
+  from multiformer_jax.evaluation.metrics import label_smoothed_nll
   feats = jnp.asarray(RNG.normal(size=(2, 40, 12)), jnp.float32)
   prev, targets = jnp.array([[2, 5, 6, 7], [2, 8, 9, 1]]), jnp.array([[5, 6, 7, 2], [8, 9, 2, 1]])
   losses = {}

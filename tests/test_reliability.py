@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax import checkpoints as ckpt_lib
-from multiformer_jax import faults, train
-from multiformer_jax import input_pipeline as ip
-from multiformer_jax.parallel import DataParallel
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.runtime import faults
+from multiformer_jax.training import train
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.training.parallel import DataParallel
 from tests.test_train import devices_flag, losses, tiny_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

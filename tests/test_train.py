@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from configs import default
-from multiformer_jax import checkpoints as ckpt_lib
-from multiformer_jax import input_pipeline as ip
-from multiformer_jax import train
-from multiformer_jax.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.training import train
+from multiformer_jax.evaluation.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
 
 
 def tiny_config(prepared_dir, **stage):
@@ -58,7 +58,7 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   # The dev score logged at the last evaluation is the evaluation's score of the last
   # checkpoint on the same split with the same search (other batch shapes: the search's
   # output does not depend on batching).
-  from multiformer_jax import curves
+  from multiformer_jax.training import curves
   for stage, metric in (("asr", "wer"), ("st", "bleu")):
     _, dev_rows = curves.read_log(os.path.join(workdir, stage))
     assert all(f"dev_{metric}" in row for row in dev_rows)
@@ -208,8 +208,8 @@ PMAP_VS_JIT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, os.getcwd())
     import jax, jax.numpy as jnp, numpy as np
-    from multiformer_jax import train
-    from multiformer_jax.parallel import DataParallel
+    from multiformer_jax.training import train
+    from multiformer_jax.training.parallel import DataParallel
     from tests.test_train import tiny_update_setup
     config, model, batch = tiny_update_setup()
     tx, schedule = train.make_optimizer(config.train, config.asr)
@@ -266,7 +266,7 @@ def test_accumulated_micro_batches_give_the_update_of_their_union():
   """update_freq 2 (the first micro-batch, then the last) sums the gradients of one update on
   both halves at once; starting an update with first_micro skips reading the zero accumulator
   and gives the slow path's update bit for bit."""
-  from multiformer_jax.parallel import DataParallel
+  from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
   tx, schedule = train.make_optimizer(config.train, config.asr)
   step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
@@ -319,7 +319,7 @@ def _brute_force_ctc(log_probs, labels, blank=0):
 
 def test_ctc_loss_is_the_sum_over_alignments():
   import jax.numpy as jnp
-  from multiformer_jax.metrics import ctc_loss_sum
+  from multiformer_jax.evaluation.metrics import ctc_loss_sum
   rng = np.random.default_rng(7)
   vocab, frames = 5, 5
   logits = rng.normal(size=(3, frames, vocab)).astype(np.float32)
@@ -343,7 +343,7 @@ def test_ctc_loss_is_the_sum_over_alignments():
 
 
 def test_hybrid_ctc_loss_trains_a_ctc_head_in_the_asr_stage_only():
-  from multiformer_jax.parallel import DataParallel
+  from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
   config.asr.ctc_weight = 0.3
   ctc_model = train.S2TModel(train.model_config_for(config, model.config.vocab_size,

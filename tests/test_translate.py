@@ -9,7 +9,8 @@ import soundfile
 
 from data_prep import corpora
 from data_prep.audio import SAMPLE_RATE, cut_segment, load_audio
-from multiformer_jax import train, translate
+from multiformer_jax.training import train
+from multiformer_jax.evaluation import translate
 from tests.test_train import tiny_config
 
 

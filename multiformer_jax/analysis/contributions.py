@@ -22,7 +22,7 @@ Everything here is written for one layer of a bound model (see `internals.py`).
 import jax
 import jax.numpy as jnp
 
-from multiformer_jax import layout as layout_lib
+from multiformer_jax.model import layout as layout_lib
 
 
 def conv_value_taps(conv_type: str, params):

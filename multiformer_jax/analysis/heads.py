@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from multiformer_jax import layout as layout_lib
+from multiformer_jax.model import layout as layout_lib
 
 
 def head_labels(layer_layout: layout_lib.LayerLayout) -> list[str]:

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multiformer_jax import checkpoints as ckpt_lib
-from multiformer_jax import input_pipeline as ip
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,

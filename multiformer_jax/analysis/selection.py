@@ -1,7 +1,7 @@
 """What a head-selection model learned: which candidate heads each task uses in each layer.
 
 Data-free: read off the selection logits of a checkpoint with the inference rule (top-H or
-per-group argmax; multiformer_jax.head_selection.select). For heterogeneous candidates the
+per-group argmax; multiformer_jax.model.head_selection.select). For heterogeneous candidates the
 kinds a task selects are the automatic counterpart of the thesis's W_o-driven layout redesign.
 """
 
@@ -11,8 +11,8 @@ import collections
 
 import numpy as np
 
-from multiformer_jax import head_selection
-from multiformer_jax import layout as layout_lib
+from multiformer_jax.model import head_selection
+from multiformer_jax.model import layout as layout_lib
 
 
 def selection_masks(logits: np.ndarray, num_heads: int, strategy: str) -> np.ndarray:

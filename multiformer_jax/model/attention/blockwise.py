@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from multiformer_jax.attention.masks import MASKED_LOGIT
-from multiformer_jax.dropout import bernoulli
+from multiformer_jax.model.attention.masks import MASKED_LOGIT
+from multiformer_jax.model.dropout import bernoulli
 
 
 def _blocks(x, num_blocks: int, key_block: int):

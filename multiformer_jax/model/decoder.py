@@ -16,16 +16,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from multiformer_jax.attention.full import softmax_attention
-from multiformer_jax.attention.masks import causal_mask
-from multiformer_jax.dropout import Dropout, add_residual
-from multiformer_jax.feedforward import FeedForward, layer_norm
-from multiformer_jax.head_selection import (adapt, gather_heads, layer_selections,
+from multiformer_jax.model.attention.full import softmax_attention
+from multiformer_jax.model.attention.masks import causal_mask
+from multiformer_jax.model.dropout import Dropout, add_residual
+from multiformer_jax.model.feedforward import FeedForward, layer_norm
+from multiformer_jax.model.head_selection import (adapt, gather_heads, layer_selections,
                                             stack_task_modules)
-from multiformer_jax.initializers import (embedding_normal, torch_default_bias,
+from multiformer_jax.model.initializers import (embedding_normal, torch_default_bias,
                                           xavier_uniform, xavier_uniform_qkv)
-from multiformer_jax.model_config import ModelConfig
-from multiformer_jax.positions import padded_positions
+from multiformer_jax.model.model_config import ModelConfig
+from multiformer_jax.model.positions import padded_positions
 
 
 class DecoderAttention(nn.Module):

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from multiformer_jax import faults
+from multiformer_jax.runtime import faults
 
 
 SELECTIONS = ("latest", "best", "average", "around_best")

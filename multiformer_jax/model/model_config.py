@@ -14,9 +14,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from multiformer_jax import layout as layout_lib
-from multiformer_jax.attention.kernel import REDRAW_POLICIES
-from multiformer_jax.head_selection import INFERENCE_MODES, STRATEGIES
+from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.model.attention.kernel import REDRAW_POLICIES
+from multiformer_jax.model.head_selection import INFERENCE_MODES, STRATEGIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TASK_TAGS = ("", "source_lang", "target_lang", "domain", "pair")
@@ -62,7 +62,7 @@ class ModelConfig:
   qkv_bias: bool = True
   dtype: str = "float32"
   max_target_positions: int = 1024
-  # Multilingual / multi-domain models (multiformer_jax/head_selection.py).
+  # Multilingual / multi-domain models (multiformer_jax/model/head_selection.py).
   task_tag: str = ""               # what a task is: source_lang | target_lang | domain | pair
   encoder_task_tag: str = ""       # the encoder's task key ('' = task_tag)
   decoder_task_tag: str = ""       # the decoder's task key ('' = task_tag)

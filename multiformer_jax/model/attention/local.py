@@ -7,7 +7,7 @@ A dilated window is the undilated window on each of the d interleaved subsequenc
 (positions with the same residue mod d), which keeps it O(n * w) as well.
 
 Memory: the blocks run in a `lax.scan` over chunks of about QUERY_CHUNK queries, and a custom
-VJP saves only the output and the log-sum-exp per query (as multiformer_jax/attention/
+VJP saves only the output and the log-sum-exp per query (as multiformer_jax/model/attention/
 blockwise.py does for full attention); the backward recomputes each chunk's weights. So the
 temporaries are O(n * head_dim) plus one chunk's [chunk, block + 2*radius] weights, not the
 whole band's weights, windows and dropout masks. Attention dropout is applied to the normalised
@@ -24,9 +24,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from multiformer_jax.attention.blockwise import checked_dropout_rng, dropout_keep_mask
-from multiformer_jax.attention.full import attention_weights
-from multiformer_jax.attention.masks import MASKED_LOGIT
+from multiformer_jax.model.attention.blockwise import checked_dropout_rng, dropout_keep_mask
+from multiformer_jax.model.attention.full import attention_weights
+from multiformer_jax.model.attention.masks import MASKED_LOGIT
 
 MIN_BLOCK = 16
 QUERY_CHUNK = 256   # queries per scan step (rounded to whole blocks)

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from multiformer_jax import decode, input_pipeline as ip
-from multiformer_jax.metrics import corpus_bleu, corpus_wer
+from multiformer_jax.evaluation import decode
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 

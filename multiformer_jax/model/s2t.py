@@ -8,10 +8,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from multiformer_jax import decoder as decoder_lib
-from multiformer_jax.decoder import Decoder
-from multiformer_jax.encoder import Encoder
-from multiformer_jax.model_config import ModelConfig
+from multiformer_jax.model import decoder as decoder_lib
+from multiformer_jax.model.decoder import Decoder
+from multiformer_jax.model.encoder import Encoder
+from multiformer_jax.model.model_config import ModelConfig
 
 
 class S2TModel(nn.Module):

@@ -3,9 +3,9 @@
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax.attention.blockwise import blockwise_attention
-from multiformer_jax.attention.masks import masked_softmax
-from multiformer_jax.dropout import Dropout
+from multiformer_jax.model.attention.blockwise import blockwise_attention
+from multiformer_jax.model.attention.masks import masked_softmax
+from multiformer_jax.model.dropout import Dropout
 
 
 def attention_weights(q, k, mask):
@@ -34,7 +34,7 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
 def key_masked_attention(module: nn.Module, q, k, v, key_mask, key_block_size: int,
                          dropout: Dropout, deterministic: bool):
   """Softmax attention over the valid keys of key_mask [batch, k_len]: one dense softmax, or
-  blockwise over `key_block_size` keys (multiformer_jax/attention/blockwise.py) when > 0, its
+  blockwise over `key_block_size` keys (multiformer_jax/model/attention/blockwise.py) when > 0, its
   dropout masks drawn from `module`'s dropout rng."""
   if key_block_size:
     rate = 0.0 if deterministic else dropout.rate

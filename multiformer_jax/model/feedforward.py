@@ -7,8 +7,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from multiformer_jax.dropout import dropout
-from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
+from multiformer_jax.model.dropout import dropout
+from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
 
 class DenseParams(nn.Module):

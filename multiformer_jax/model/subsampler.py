@@ -5,8 +5,8 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
-from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
+from multiformer_jax.model.attention.masks import conv_output_lengths, lengths_to_mask
+from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
 
 def subsampled_lengths(lengths, kernels: Sequence[int], strides: Sequence[int]):

@@ -11,10 +11,10 @@ never depends on its padding. `conv(1,1)` with an identity kernel is exactly `fu
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax.attention.full import attention_weights, key_masked_attention
-from multiformer_jax.attention.masks import conv_output_lengths, lengths_to_mask
-from multiformer_jax.dropout import Dropout
-from multiformer_jax.initializers import torch_default_bias, torch_default_kernel
+from multiformer_jax.model.attention.full import attention_weights, key_masked_attention
+from multiformer_jax.model.attention.masks import conv_output_lengths, lengths_to_mask
+from multiformer_jax.model.dropout import Dropout
+from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
 
 class TimeCompression(nn.Module):

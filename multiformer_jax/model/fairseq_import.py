@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from multiformer_jax.model_config import ModelConfig
+from multiformer_jax.model.model_config import ModelConfig
 
 # Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
 # "BetterTransformer" fast path (in_proj_weight = cat(q, k, v), fc1_weight = fc1.weight, ...).

@@ -8,20 +8,20 @@ and rows [h*head_dim, (h+1)*head_dim) of W_o.
 
 With head selection (`selected_heads` = H > 0) the layout describes H' candidate heads of
 head_dim = d_model / H; q/k/v project to H' * head_dim channels, every candidate is computed
-through its own kind, and the H heads selected for each example (multiformer_jax.head_selection)
+through its own kind, and the H heads selected for each example (multiformer_jax.model.head_selection)
 fill the slots of W_o (d_model x d_model).
 """
 
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax import layout as layout_lib
-from multiformer_jax.attention.conv import ConvAttention
-from multiformer_jax.attention.full import FullAttention
-from multiformer_jax.attention.kernel import KernelAttention
-from multiformer_jax.attention.local import LocalAttention
-from multiformer_jax.head_selection import gather_heads
-from multiformer_jax.initializers import torch_default_bias, xavier_uniform, xavier_uniform_qkv
+from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.model.attention.conv import ConvAttention
+from multiformer_jax.model.attention.full import FullAttention
+from multiformer_jax.model.attention.kernel import KernelAttention
+from multiformer_jax.model.attention.local import LocalAttention
+from multiformer_jax.model.head_selection import gather_heads
+from multiformer_jax.model.initializers import torch_default_bias, xavier_uniform, xavier_uniform_qkv
 
 
 def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed: int,

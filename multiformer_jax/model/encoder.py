@@ -1,6 +1,6 @@
 """The S2T encoder: conv subsampler, scaled input + sinusoids, pre-LN Multiformer layers.
 
-Multilingual / multi-domain models (multiformer_jax/head_selection.py) take a task id per
+Multilingual / multi-domain models (multiformer_jax/model/head_selection.py) take a task id per
 example: with `model.encoder_candidates` each layer uses the heads selected for the example's
 task, with `model.adapter_dim` a per-task adapter follows each layer.
 """
@@ -10,15 +10,15 @@ import math
 import flax.linen as nn
 import jax.numpy as jnp
 
-from multiformer_jax import layout as layout_lib
-from multiformer_jax.attention.masks import lengths_to_mask
-from multiformer_jax.attention.multi import MultiHeadMultiAttention
-from multiformer_jax.dropout import Dropout, add_residual
-from multiformer_jax.feedforward import FeedForward, layer_norm
-from multiformer_jax.head_selection import adapt, layer_selections, stack_task_modules
-from multiformer_jax.model_config import ModelConfig
-from multiformer_jax.positions import padded_positions
-from multiformer_jax.subsampler import Conv1dSubsampler
+from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.model.attention.masks import lengths_to_mask
+from multiformer_jax.model.attention.multi import MultiHeadMultiAttention
+from multiformer_jax.model.dropout import Dropout, add_residual
+from multiformer_jax.model.feedforward import FeedForward, layer_norm
+from multiformer_jax.model.head_selection import adapt, layer_selections, stack_task_modules
+from multiformer_jax.model.model_config import ModelConfig
+from multiformer_jax.model.positions import padded_positions
+from multiformer_jax.model.subsampler import Conv1dSubsampler
 
 
 class EncoderLayer(nn.Module):

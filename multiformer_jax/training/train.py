@@ -25,19 +25,20 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from multiformer_jax import checkpoints as ckpt_lib
-from multiformer_jax import curves
-from multiformer_jax import evaluate
-from multiformer_jax import faults
-from multiformer_jax import head_selection
-from multiformer_jax import inference
-from multiformer_jax import input_pipeline as ip
-from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
-                                         stage_ctc_weight, task_keys)
-from multiformer_jax.metrics import ctc_loss_sum, label_smoothed_nll
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.training import curves
+from multiformer_jax.evaluation import evaluate
+from multiformer_jax.runtime import faults
+from multiformer_jax.model import head_selection
+from multiformer_jax.evaluation import inference
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.experiment import (initial_params, known_task_rows, model_config_for,
+                                         pipeline_config, stage_ctc_weight, stage_key,
+                                         task_keys)
+from multiformer_jax.evaluation.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
-from multiformer_jax.parallel import DataParallel
-from multiformer_jax.train_log import StageLogger
+from multiformer_jax.training.parallel import DataParallel
+from multiformer_jax.runtime.train_log import StageLogger
 
 DONE = "DONE.json"
 PAD_ID = 1
@@ -199,16 +200,6 @@ def trained_values(params, stage_cfg, stage: str) -> tuple[int, int]:
     raise ValueError(f"{stage}.train_only={pattern!r} names no parameter of this model; its "
                      f"parameters are under: {_groups(flat)}")
   return sum(flat[n].size for n in trained), sum(v.size for v in flat.values())
-
-
-def stage_key(config, stage: str):
-  """The PRNG key a stage starts from (its initial parameters and its dropout stream)."""
-  return jax.random.fold_in(jax.random.PRNGKey(config.train.seed), len(stage))
-
-
-def initial_params(model: S2TModel, key):
-  """The parameters `create_state` initialises from `key` (before any ST encoder carry)."""
-  return init_params(model, jax.random.split(key)[0])
 
 
 def create_state(model: S2TModel, tx, key) -> TrainState:

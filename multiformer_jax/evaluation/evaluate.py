@@ -1,0 +1,188 @@
+"""Evaluation from checkpoints: cached beam search, sacreBLEU (ST) or WER (ASR).
+
+    python -m multiformer_jax.evaluate --workdir runs/v2 --stage st --split tst-COMMON \
+        [--checkpoint average|around_best|best|latest] [--average_last 10] [--beam 5]
+        [--lenpen 1.0]
+        [--min_len 1]
+
+Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
+utterance of the split once, and writes `{workdir}/{stage}/eval_{split}/`: hyp.txt and
+ref.txt (detokenised, in corpus order) and results.json (score, sacreBLEU signature or WER
+normalisation, scores per language / pair / domain and the head-selection paper's averages
+(AVG-A / AVG-T / AVG-Z over directions, AVG over ASR languages), checkpoint description,
+decoding settings) and ids.txt (the utterance ids). Utterances whose task a multi-task model
+does not have (a pair-keyed model on a zero-shot direction) are counted in `left_out`, not
+decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from data_prep import cli_errors
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.runtime.host_memory import use_huge_pages
+from multiformer_jax.evaluation.inference import decode_split, make_translate_for, score
+from multiformer_jax.model import S2TModel
+from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
+                                         task_keys, training_pairs)
+from multiformer_jax.runtime.train_log import setup_logging
+
+
+def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict:
+  """{tag: {value: score and utterance count}} for each tag with several values in the split
+  (per language, per domain, per task: the rows of the per-task results table)."""
+  grouped = {}
+  for tag in tag_names:
+    values = np.asarray(data.tag_values[tag]).astype(str)
+    distinct = sorted(set(values))
+    if len(distinct) < 2:
+      continue
+    grouped[tag] = {}
+    for value in distinct:
+      rows = np.flatnonzero(values == value)
+      result = score(stage, [hypotheses[i] for i in rows], [data.references[i] for i in rows])
+      metric = "bleu" if stage == "st" else "wer"
+      grouped[tag][value] = {metric: result[metric], "utterances": int(len(rows))}
+  return grouped
+
+
+def paper_averages(stage: str, by_tag: dict, split_pairs, trained_pairs, left_out) -> dict:
+  """The averages the head-selection paper reports (Gong et al. 2022), of per-direction or
+  per-language scores, not of one corpus score: ST Table 4's AVG-A (every direction of the
+  split), AVG-T (the directions trained on) and AVG-Z (the zero-shot ones); ASR Table 2's AVG
+  over the source languages. None where a direction is missing (`left_out`: no task in the
+  model) or there is none; {} for a split of one direction / language."""
+  if stage == "asr":
+    per_lang = by_tag.get("source_lang", {})
+    return {"AVG": round(float(np.mean([r["wer"] for r in per_lang.values()])), 2)} \
+        if per_lang else {}
+  per_pair = {p: r["bleu"] for p, r in by_tag.get("pair", {}).items()}
+  if len(split_pairs) < 2:
+    return {}
+
+  def mean(pairs):
+    if not pairs or any(p in left_out or p not in per_pair for p in pairs):
+      return None
+    return round(float(np.mean([per_pair[p] for p in pairs])), 2)
+  trained = [p for p in split_pairs if p in set(trained_pairs)]
+  zero_shot = [p for p in split_pairs if p not in set(trained_pairs)]
+  return {"AVG-A": mean(list(split_pairs)), "AVG-T": mean(trained), "AVG-Z": mean(zero_shot),
+          "zero_shot_pairs": zero_shot}
+
+
+def averaged_count(config, checkpoint: str) -> int:
+  """How many checkpoints evaluation by `checkpoint` averages (1 for latest and best)."""
+  if checkpoint == "average":
+    return config.eval.average_last
+  if checkpoint == "around_best":
+    return config.eval.get("average_around_best", 7)
+  return 1
+
+
+def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
+  """(params as device arrays, description) of a stage's checkpoint selection."""
+  params, which = ckpt_lib.StageCheckpoints(
+      os.path.join(workdir, stage, "checkpoints")).select_params(checkpoint, count)
+  return jax.tree_util.tree_map(jnp.asarray, params), which
+
+
+def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
+                   average_last: int | None = None, beam: int | None = None,
+                   length_penalty: float | None = None, progress: bool = True,
+                   min_len: int | None = None) -> dict:
+  log = setup_logging()
+  e = config.eval
+  checkpoint = checkpoint or e.checkpoint
+  average_last = average_last or averaged_count(config, checkpoint)
+  beam = beam or e.beam
+  length_penalty = e.length_penalty if length_penalty is None else length_penalty
+  data = ip.SplitData(pipeline_config(config, stage, "test"), split)
+  split_pairs = ip.split_tags(data)["pair"]
+  # Task ids are the training split's (as in training), whatever the evaluated split holds.
+  tasks = task_keys(config, stage)
+  data, left_out = known_task_rows(data, tasks)
+  if left_out:
+    log.warning("%s: %d utterances have no task in the model (it was never trained on them) "
+                "and are not decoded: %s", split, sum(left_out.values()), left_out)
+  batcher = ip.Batcher(data, False, tasks=tasks)
+  model = S2TModel(model_config_for(config, data.vocab.size, tasks, stage))
+  params, which = stage_params(workdir, stage, checkpoint, average_last)
+  log.info("evaluating %s on %s (%d utterances) with %s, beam %d", stage, split, len(data),
+           which, beam)
+  min_len = e.get("min_len", 1) if min_len is None else min_len
+  unk_penalty = e.get("unk_penalty", 0.0)
+  translate = make_translate_for(model, e, beam, length_penalty, min_len)
+  start = time.time()
+  hypotheses = decode_split(params, batcher, translate, progress, config.train.seed)
+  references = data.references
+  overall = score(stage, hypotheses, references)
+  per_tag = scores_by_tag(stage, data, hypotheses, ip.TAG_NAMES)
+  left_out_pairs = sorted(set(split_pairs) - set(ip.split_tags(data)["pair"]))
+  averages = paper_averages(stage, per_tag, split_pairs, training_pairs(config, stage),
+                            left_out_pairs)
+  out_dir = os.path.join(workdir, stage, f"eval_{split}")
+  os.makedirs(out_dir, exist_ok=True)
+  ids = [str(i) for i in data.ids]
+  for name, lines in (("hyp.txt", hypotheses), ("ref.txt", references), ("ids.txt", ids)):
+    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
+      f.writelines(line + "\n" for line in lines)
+  result = {"stage": stage, "split": split, "utterances": len(data), **overall,
+            "by_tag": per_tag, "averages": averages,
+            "task_keys": {side: k.field for side, k in (tasks or {}).items()},
+            "left_out": left_out,
+            "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
+            "max_len": f"{e.max_len_a} * frames + {e.max_len_b}", "min_len": min_len,
+            "unk_penalty": unk_penalty, "search": "fairseq 0.12.2 beam search",
+            "decode_s": round(time.time() - start, 1), "config": config.name}
+  with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
+    json.dump(result, f, indent=1, ensure_ascii=False)
+  log.info("%s %s: %s", stage, split, f"BLEU {overall['bleu']}" if stage == "st" else
+           f"WER {overall['wer']}")
+  if averages:
+    log.info("  averages (Gong et al. 2022): %s", ", ".join(
+        f"{k} {'—' if v is None else v}" for k, v in averages.items() if k.startswith("AVG")))
+  for tag, values in per_tag.items():
+    log.info("  by %s: %s", tag, ", ".join(f"{v} {r.get('bleu', r.get('wer'))}"
+                                           for v, r in values.items()))
+  return result
+
+
+def main(argv=None):
+  import argparse  # pylint: disable=import-outside-toplevel
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--workdir", required=True)
+  parser.add_argument("--stage", default="st", choices=ip.TASKS)
+  parser.add_argument("--split", default=None, help="default: the config's data.test_split")
+  parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
+                      help="default: the config's eval.checkpoint")
+  parser.add_argument("--average_last", type=int, default=None,
+                      help="checkpoints averaged: the last N (average) or the N around the "
+                           "best (around_best); default: eval.average_last / "
+                           "eval.average_around_best")
+  parser.add_argument("--beam", type=int, default=None)
+  parser.add_argument("--lenpen", type=float, default=None)
+  parser.add_argument("--min_len", type=int, default=None,
+                      help="fairseq --min-len: no EOS before this many tokens (default 1)")
+  args = parser.parse_args(argv)
+  config = ckpt_lib.load_config(args.workdir)
+  result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
+                          args.checkpoint, args.average_last, args.beam, args.lenpen,
+                          min_len=args.min_len)
+  print(json.dumps(result, indent=1, ensure_ascii=False))
+
+
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)
+
+
+if __name__ == "__main__":
+  use_huge_pages()
+  cli()

@@ -1,0 +1,1 @@
+"""Training: the two-stage loop (`train.py`), data parallelism, learning curves."""
