@@ -22,12 +22,10 @@ COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 TASK_TAGS = ("", "source_lang", "target_lang", "domain", "pair")
 DROPOUT_RATES = ("dropout", "attention_dropout", "activation_dropout")   # each in [0, 1)
 # model.key_block_size / model.ffn_token_chunk = AUTO: the faster form for the backend. Blockwise
-# softmax on CPU, where it is also faster (docs/benchmarks.md), the dense softmax on GPU/TPU,
-# where a loop of small matmuls is slower (an H100 step of s2t_transformer_s took 0.0378 s with
-# the loops against 0.0218 s without: docs/benchmarks.md, GPU section). The FFN unchunked on
-# every backend since its custom VJP (feedforward.py) made it the faster form on CPU too (the
-# s2t_transformer_s update 2.709 -> 2.505 s against 1024-token chunks, docs/benchmarks_notes.md);
-# chunks stay a memory option (the no-downsampling configs set 1024).
+# softmax on CPU, the dense softmax on GPU/TPU, where a loop of small matmuls is slower
+# (measurements: docs/benchmarks.md). The FFN unchunked on every backend (its custom VJP,
+# feedforward.py, makes it the faster form on CPU too); chunks stay a memory option (the
+# no-downsampling configs set 1024).
 AUTO = -1
 CPU_KEY_BLOCK_SIZE = 512
 CPU_FFN_TOKEN_CHUNK = 0

@@ -2,14 +2,12 @@
 
 XLA:CPU takes every output and temporary buffer of a step from malloc. glibc serves blocks above
 its mmap threshold (32 MiB at most) with a fresh mmap and gives them back with munmap, so each
-step touches its whole working set as new 4 KiB pages again: one s2t_transformer_s update (batch
-8 x 1000 frames, float32) page-faults 332 098 times and spends 1.30 s of CPU time in the kernel
-on this project's 2-core machine. With the glibc tunable `glibc.malloc.hugetlb=1`, malloc asks
-the kernel for transparent huge pages on those blocks (madvise), and the same update faults
-2 176 times (0.38 s in the kernel; benchmarks/train_step.py rows); `jit(-x)` on a 128 MiB array
-takes 23 ms with 577 faults instead of 69 ms with 32 769 (benchmarks/page_faults.py; numpy
-writing the same result into a preallocated array: 20 ms). Results do not change: only where the
-bytes live.
+step touches its whole working set as new 4 KiB pages again: an s2t_transformer_s update on a
+2-core CPU page-faults hundreds of thousands of times and spends a large share of its time in
+the kernel. With the glibc tunable `glibc.malloc.hugetlb=1`, malloc asks the kernel for
+transparent huge pages on those blocks (madvise) and the faults drop by two orders of
+magnitude (benchmarks/train_step.py and benchmarks/page_faults.py; figures in
+docs/benchmarks.md). Results do not change: only where the bytes live.
 
 The tunable is read when the process starts, so `use_huge_pages()` re-executes the interpreter
 once with it added to GLIBC_TUNABLES (same arguments, `-m` included). The command-line entry
