@@ -39,6 +39,13 @@ def stack_task_field(tag: str, stage: str) -> str:
   return "source_lang" if stage == "asr" and tag == "target_lang" else tag
 
 
+def stack_task_tags(model) -> dict[str, str]:
+  """{'encoder' | 'decoder': the stack's task tag}: its own model.{side}_task_tag or the shared
+  model.task_tag ('' = one task). `model`: config.model or a dict of its keys."""
+  return {side: model.get(f"{side}_task_tag", "") or model.get("task_tag", "")
+          for side in ("encoder", "decoder")}
+
+
 def task_keys(config, stage: str) -> dict[str, ip.TaskKey] | None:
   """{'encoder' | 'decoder': TaskKey} of a multi-task model, or None for a one-task model.
 
@@ -47,8 +54,7 @@ def task_keys(config, stage: str) -> dict[str, ip.TaskKey] | None:
   (the ST encoder starts from the ASR one), and a language the ST stage never trains on but
   the ASR stage did (a zero-shot direction's source) still has its task. Evaluation and the
   analyses use these, not the evaluated split's values."""
-  m = config.model
-  tags = {side: m.get(f"{side}_task_tag", "") or m.task_tag for side in ("encoder", "decoder")}
+  tags = stack_task_tags(config.model)
   if not any(tags.values()):
     return None
   inventory = ip.tag_inventory(config.data.prepared_dir, config.data.train_split)
@@ -118,8 +124,8 @@ def model_config_for(config, vocab_size: int, tasks: dict | None = None,
   ctc_weight is set, a CTC head."""
   values = {**config.model.to_dict(), "vocab_size": vocab_size,
             "ctc_head": stage_ctc_weight(config, stage) > 0}
-  for side in ("encoder", "decoder"):
-    if values.get(f"{side}_task_tag", "") or values["task_tag"]:
+  for side, tag in stack_task_tags(values).items():
+    if tag:
       if not tasks or side not in tasks:
         raise ValueError(f"the model's {side} is keyed by a task tag: its task names "
                          f"(experiment.task_keys) are needed")

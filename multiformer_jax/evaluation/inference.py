@@ -86,7 +86,7 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, 
                  desc=f"decoding {data.split}", unit="batch", disable=not progress,
                  file=sys.stderr)
   for n, batch in enumerate(batches):
-    tasks = batch_task_ids(batch)
+    tasks = batch_tasks(batch)
     prefix = None
     if data.prefix is not None:
       prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
@@ -101,13 +101,13 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, 
   return hypotheses
 
 
-def batch_task_ids(batch):
-  """(encoder ids, decoder ids) as device arrays of a multi-task batch (None for a stack
-  without a task key), or None for a one-task model."""
-  fields = [batch.get(f"{side}_task") for side in ("encoder", "decoder")]
-  if all(ids is None for ids in fields):
+def batch_tasks(batch):
+  """(encoder task ids, decoder task ids) [batch] each of a multi-task batch (None for a stack
+  without a task key), or None for a one-task model. The model clips ids into its task range,
+  so a padding row's id does not matter."""
+  if "encoder_task" not in batch and "decoder_task" not in batch:
     return None
-  return tuple(None if ids is None else jnp.asarray(np.maximum(ids, 0)) for ids in fields)
+  return batch.get("encoder_task"), batch.get("decoder_task")
 
 
 def score(stage: str, hypotheses, references) -> dict:

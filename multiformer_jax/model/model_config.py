@@ -147,17 +147,8 @@ class ModelConfig:
       raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
                         f"model.encoder_heads={self.encoder_heads}")
 
-  def stack_task_tag(self, side: str) -> str:
-    """The task key of the encoder or decoder (`side`): its own tag or the shared task_tag
-    ('' = one task)."""
-    return getattr(self, f"{side}_task_tag") or self.task_tag
-
   def stack_num_tasks(self, side: str) -> int:
     return getattr(self, f"{side}_num_tasks") or self.num_tasks
-
-  @property
-  def multi_task(self) -> bool:
-    return bool(self.stack_task_tag("encoder") or self.stack_task_tag("decoder"))
 
   @property
   def resolved_key_block_size(self) -> int:

@@ -185,7 +185,8 @@ def init_from_run(params, stage_cfg, stage: str, log: logging.Logger):
   if mismatched:
     raise ValueError(f"{stage}.init_from={stage_cfg.init_from!r} does not fit this model:\n  "
                      + "\n  ".join(mismatched))
-  fresh = [n for n in flat if n not in set(restored)]
+  restored_names = set(restored)
+  fresh = [n for n in flat if n not in restored_names]
   log.info("%s init from %s (%s): restored %d tensors, freshly initialised %d (%s)", stage,
            stage_cfg.init_from, which, len(restored), len(fresh), _groups(fresh) or "none")
   return flax.traverse_util.unflatten_dict(flat, sep="/")
@@ -222,14 +223,6 @@ def selection_temperature(train_cfg, initial: float, step):
                      initial * jnp.exp(-decay * jnp.asarray(step, jnp.float32)))
 
 
-def batch_tasks(batch):
-  """(encoder task ids, decoder task ids) [batch] each of a multi-task batch (None for a stack
-  without a task key), or None for a one-task model."""
-  if "encoder_task" not in batch and "decoder_task" not in batch:
-    return None
-  return batch.get("encoder_task"), batch.get("decoder_task")
-
-
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
                train_cfg=None, ctc_weight: float = 0.0):
   """-> (train_step(state, batch, apply_update, first_micro), eval_step(state, batch)), compiled.
@@ -262,7 +255,7 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
 
   def loss_sums(params, batch, deterministic, key=None, step=None):
     rngs = {"dropout": key} if key is not None else {}
-    tasks = batch_tasks(batch)
+    tasks = inference.batch_tasks(batch)
     temperature = None if step is None or train_cfg is None else selection_temperature(
         train_cfg, cfg.selection_temperature, step)
     logits, sown = model.apply({"params": params}, batch["features"], batch["lengths"],
@@ -357,7 +350,8 @@ def carry_from_asr(params, asr_params, log: logging.Logger, decoder_layers: bool
                      "\n  ".join(mismatched + [f"{n}: not in the ASR checkpoint"
                                                for n in missing]) +
                      "\nUse the same model.* settings for both stages.")
-  fresh = [n for n in flat if n not in set(restored)]
+  restored_names = set(restored)
+  fresh = [n for n in flat if n not in restored_names]
   skipped = sorted(n for n in flat_asr if not carried(n))
   log.info("ST init: restored %d %s tensors from ASR, skipped %d ASR tensors (vocabulary-"
            "bound), freshly initialised %d tensors", len(restored),
