@@ -34,7 +34,8 @@ q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
 if kind == "lucidrains_local(129)":
     from local_attention import LocalAttention
     attn = LocalAttention(window_size=64, causal=False, look_backward=1, look_forward=1,
-                          exact_windowsize=True, autopad=True, dim=head_dim)
+                          exact_windowsize=True, autopad=True, dim=head_dim,
+                          use_rotary_pos_emb=False)
 elif kind == "performer(256)":
     from performer_pytorch import FastAttention
     attn = FastAttention(dim_heads=head_dim, nb_features=256, causal=False)

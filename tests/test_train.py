@@ -65,6 +65,11 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
     assert dev_rows[-1][f"dev_{metric}"] == results[stage]["eval"][metric]
     assert curves.dev_score_series(dev_rows)[0] == f"dev {metric.upper()}"
   assert set(results["asr"]["eval"]) >= {"wer", "edits", "words"}
+  for stage in ("asr", "st"):   # each stage compiled its own steps, inside its wall time
+    summary = results[stage]["train"]
+    assert 0 < summary["compile_s"] <= summary["wall_s"]
+    assert summary["compile_fraction"] == round(summary["compile_s"] / summary["wall_s"], 3) \
+        or abs(summary["compile_fraction"] - summary["compile_s"] / summary["wall_s"]) < 0.01
   assert "BLEU" in results["st"]["eval"]["detail"] and "signature" in results["st"]["eval"]
   assert os.path.exists(os.path.join(workdir, "st", "eval_dev", "hyp.txt"))
   # fairseq's schedule gives update 1 a learning rate of 0, so the ST checkpoint of step 1

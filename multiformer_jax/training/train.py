@@ -26,6 +26,7 @@ import numpy as np
 import optax
 
 from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.runtime import compile_clock
 from multiformer_jax.training import curves
 from multiformer_jax.evaluation import evaluate
 from multiformer_jax.runtime import faults
@@ -487,6 +488,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
       primary and config.eval.get("score_dev", False)) else None
   step = int(state.step)
   state = dp.replicate(state)
+  compile_clock.install()
+  compiled_before = compile_clock.seconds()
   logger.start(step, scfg.max_updates)
   try:
     with faults.StopRequest() as stop:
@@ -497,9 +500,15 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     iterator.close()
     logger.close()
   best = checkpoints.best()
+  wall_s, compile_s = logger.elapsed(), compile_clock.seconds() - compiled_before
   summary = {"stage": stage, "updates": step, "early_stopped": early_stopped, "best_step": best,
              "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
-             "wall_s": round(logger.elapsed(), 1)}
+             "wall_s": round(wall_s, 1), "compile_s": round(compile_s, 1),
+             "compile_fraction": round(compile_s / max(wall_s, 1e-9), 3)}
+  log.info("stage %s: %.0f s in the training loop, %.0f s of it compiling (%.0f%%: train and "
+           "dev steps per batch shape%s; with train.compilation_cache set a rerun reads them "
+           "from disk)", stage, wall_s, compile_s, 100 * summary["compile_fraction"],
+           ", dev decoding" if dev_scorer is not None else "")
   log.info("stage %s finished: parameter checksum %s (process %d of %d)", stage,
            params_checksum(dp.unreplicate(state.params)), jax.process_index(),
            jax.process_count())
