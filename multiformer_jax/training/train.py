@@ -489,7 +489,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   step = int(state.step)
   state = dp.replicate(state)
   compile_clock.install()
-  compiled_before = compile_clock.seconds()
+  phases_before = compile_clock.by_phase()
   logger.start(step, scfg.max_updates)
   try:
     with faults.StopRequest() as stop:
@@ -500,15 +500,19 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     iterator.close()
     logger.close()
   best = checkpoints.best()
-  wall_s, compile_s = logger.elapsed(), compile_clock.seconds() - compiled_before
+  wall_s = logger.elapsed()
+  phases = {k: v - phases_before[k] for k, v in compile_clock.by_phase().items()}
+  compile_s = sum(phases.values())
   summary = {"stage": stage, "updates": step, "early_stopped": early_stopped, "best_step": best,
              "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
              "wall_s": round(wall_s, 1), "compile_s": round(compile_s, 1),
-             "compile_fraction": round(compile_s / max(wall_s, 1e-9), 3)}
+             "compile_fraction": round(compile_s / max(wall_s, 1e-9), 3),
+             "compile_phases_s": {k: round(v, 1) for k, v in phases.items()}}
   log.info("stage %s: %.0f s in the training loop, %.0f s of it compiling (%.0f%%: train and "
-           "dev steps per batch shape%s; with train.compilation_cache set a rerun reads them "
-           "from disk)", stage, wall_s, compile_s, 100 * summary["compile_fraction"],
-           ", dev decoding" if dev_scorer is not None else "")
+           "dev steps per batch shape%s; tracing %.0f s, lowering %.0f s, XLA or the "
+           "persistent cache (train.compilation_cache) %.0f s)", stage, wall_s, compile_s,
+           100 * summary["compile_fraction"], ", dev decoding" if dev_scorer is not None else "",
+           phases["trace"], phases["lower"], phases["compile"])
   log.info("stage %s finished: parameter checksum %s (process %d of %d)", stage,
            params_checksum(dp.unreplicate(state.params)), jax.process_index(),
            jax.process_count())
