@@ -40,7 +40,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import read_results  # noqa: E402
-from benchmarks.fairseq_pairs import ours_first  # noqa: E402
+from benchmarks.fairseq_pairs import check_pairs_args, ours_first  # noqa: E402
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 PAIRS = (("local(129)", "lucidrains_local(129)"), ("kernel(256)", "performer(256)"))
@@ -123,10 +123,7 @@ def main(argv=None):
   parser.add_argument("--n", type=int, default=4096)
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args(argv)
-  if args.rounds < 1:
-    raise SystemExit(f"--rounds={args.rounds}; give 1 or more")
-  if not os.access(args.torch_python, os.X_OK):
-    raise SystemExit(f"--torch_python={args.torch_python!r} is not an executable")
+  check_pairs_args(args.rounds, args.torch_python, "torch_python")
   os.makedirs(args.out_dir, exist_ok=True)
   check = equal_work_check(args.torch_python)
   print(json.dumps({"check": check}), flush=True)

@@ -34,6 +34,14 @@ def seconds_per_update(path: str) -> float:
   return measured[-1]["seconds"]
 
 
+def check_pairs_args(rounds: int, python: str, flag: str):
+  """Refuses a run that cannot alternate: no rounds, or no peer interpreter at `python`."""
+  if rounds < 1:
+    raise SystemExit(f"--rounds={rounds}; give 1 or more")
+  if not os.access(python, os.X_OK):
+    raise SystemExit(f"--{flag}={python!r} is not an executable")
+
+
 def ours_first(round_index: int) -> bool:
   """ABBA: ours first in rounds 0, 3, 4, 7, 8, ..."""
   return round_index % 4 in (0, 3)
@@ -49,10 +57,7 @@ def main(argv=None):
                       help="extra environment for fairseq, e.g. GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
   parser.add_argument("--steps", type=int, default=5)
   args = parser.parse_args(argv)
-  if args.rounds < 1:
-    raise SystemExit(f"--rounds={args.rounds}; give 1 or more")
-  if not os.access(args.fairseq_python, os.X_OK):
-    raise SystemExit(f"--fairseq_python={args.fairseq_python!r} is not an executable")
+  check_pairs_args(args.rounds, args.fairseq_python, "fairseq_python")
   os.makedirs(args.out_dir, exist_ok=True)
   fairseq_env = dict(os.environ)
   for item in filter(None, args.fairseq_env.split()):
