@@ -30,7 +30,9 @@ from benchmarks.common import (Results, compiled, local_heads_in_one_chunk, mach
 from multiformer_jax.model.attention.blockwise import blockwise_attention  # noqa: E402
 from multiformer_jax.model.attention.conv import ConvAttention  # noqa: E402
 from multiformer_jax.model.attention.full import softmax_attention  # noqa: E402
-from multiformer_jax.model.attention.kernel import favor_attention, orthogonal_gaussian_features  # noqa: E402,E501
+from multiformer_jax.model.attention.kernel import (favor_attention, heads_major,  # noqa: E402
+                                                    orthogonal_gaussian_features,
+                                                    with_ones_column)
 from multiformer_jax.model.attention.local import local_attention  # noqa: E402
 from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
 
@@ -76,11 +78,9 @@ def kernel_products(q, k, v, projection):
   """The matrix products of kernel(256) alone, in its layout: the feature projections of q and
   k, phi(k)^T [v, 1] and phi(q) (phi(k)^T [v, 1]), without the exponentials, stabilisers, masks
   and the normalising division. Its fwd+bwd is the floor under kernel(256)'s on this machine."""
-  heads_major = lambda x: jnp.swapaxes(x, 1, 2)
   u_q = jnp.einsum("bhtd,md->bhtm", heads_major(q), projection)
   u_k = jnp.einsum("bhtd,md->bhtm", heads_major(k), projection)
-  values = heads_major(v)
-  v_ones = jnp.concatenate([values, jnp.ones(values.shape[:-1] + (1,), values.dtype)], axis=-1)
+  v_ones = with_ones_column(heads_major(v))
   out = jnp.einsum("bhqm,bhmd->bhqd", u_q, jnp.einsum("bhkm,bhkd->bhmd", u_k, v_ones))
   return heads_major(out[..., :-1])
 

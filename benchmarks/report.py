@@ -116,15 +116,15 @@ def peer_targets(directory) -> list:
   with open(path, encoding="utf-8") as f:
     summary = json.load(f)
   check, rounds, n = summary["check"], len(summary["rounds"]), summary["n"]
-  where = (f"median of {rounds} ABBA rounds, both on {summary['glibc_tunables']}; "
-           f"{{ratios}}")
   local, kernel = summary["local(129)"], summary["kernel(256)"]
-  spread = lambda s: f"rounds {s['min_ratio']:.2f}-{s['max_ratio']:.2f}x"
+  speed = lambda s: (f"{s['median_ratio']:.2f}x ({s['median_ours_s']:.3f} vs "
+                     f"{s['median_peer_s']:.3f} s; median of {rounds} ABBA rounds, both on "
+                     f"{summary['glibc_tunables']}; rounds {s['min_ratio']:.2f}-"
+                     f"{s['max_ratio']:.2f}x)")
   return [
       [f"local(129) vs lucidrains local-attention (no rotary; outputs "
        f"{check['local_max_abs_diff']:.1e} apart), n={n}: >= 1.5x faster",
-       f"{local['median_ratio']:.2f}x ({local['median_ours_s']:.3f} vs "
-       f"{local['median_peer_s']:.3f} s; " + where.format(ratios=spread(local)) + ")",
+       speed(local),
        _verdict(local["median_ratio"] >= 1.5)],
       [f"local(129) vs lucidrains, n={n}: <= 1/2 of its memory",
        f"{local['memory_ratio']:.2f} (XLA temporaries vs its peak RSS growth)",
@@ -132,8 +132,7 @@ def peer_targets(directory) -> list:
       [f"kernel(256) vs performer-pytorch (same estimator: outputs "
        f"{check['kernel_same_features_max_abs_diff']:.1e} apart on its features), n={n}: "
        ">= 3x faster",
-       f"{kernel['median_ratio']:.2f}x ({kernel['median_ours_s']:.3f} vs "
-       f"{kernel['median_peer_s']:.3f} s; " + where.format(ratios=spread(kernel)) + ")",
+       speed(kernel),
        _verdict(kernel["median_ratio"] >= 3)],
   ]
 

@@ -86,13 +86,18 @@ def heads_major(x):
   return jnp.swapaxes(x, 1, 2)
 
 
+def with_ones_column(values):
+  """[..., dim] -> [..., dim + 1]: a column of ones beside the values, so one product with the
+  key features gives both the weighted values and the normaliser."""
+  return jnp.concatenate([values, jnp.ones(values.shape[:-1] + (1,), values.dtype)], axis=-1)
+
+
 def favor_attention(q, k, v, key_mask, projection):
   """Linear-time attention: [batch, time, heads, dim] -> same shape, O(n * m * dim)."""
   phi_q = positive_features(heads_major(q), projection)             # [batch, heads, q_len, m]
   phi_k = positive_features(heads_major(k), projection, key_mask)   # [batch, heads, k_len, m]
   # A column of ones beside v gives the normaliser phi_q . sum_k phi_k from the same matmuls.
-  values = heads_major(v).astype(jnp.float32)
-  v_ones = jnp.concatenate([values, jnp.ones(values.shape[:-1] + (1,), jnp.float32)], axis=-1)
+  v_ones = with_ones_column(heads_major(v).astype(jnp.float32))
   kv = jnp.einsum("bhkm,bhkd->bhmd", phi_k, v_ones)                 # [batch, heads, m, dim+1]
   out = jnp.einsum("bhqm,bhmd->bhqd", phi_q, kv)                    # [batch, heads, q_len, dim+1]
   out = out[..., :-1] / jnp.maximum(out[..., -1:], 1e-30)
