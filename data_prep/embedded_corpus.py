@@ -3,8 +3,8 @@
 Text: human-translated message catalogs from PyPI wheels (data_prep/po_text.py), one domain
 per package, and for German-English optionally (`--text catalogs,ding`) the ~15k example
 sentences of the Ding dictionary (data_prep/ding.py), domain "ding". Speech: espeak-ng voices
-x variants x rates x pitches as speakers; dev and test use voice variants never heard in
-training, and sentences never seen in training.
+x variants x rates x pitches as speakers, male and female; dev and test each use one male and
+one female voice variant never heard in training, and sentences never seen in training.
 
 Written in the exact MuST-C on-disk layout, so the MuST-C reader serves it unchanged:
 
@@ -37,13 +37,18 @@ from data_prep.espeak import Synthesizer, Voice
 
 SAMPLE_RATE = 16000
 ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
-# Voice variants per split: dev and test speakers are never heard in training. Only variants
-# whose output is deterministic are used (others, e.g. m1 or f1, add random flutter), so a seed
-# gives the same audio; espeak-ng's Italian voice is not deterministic for some of them.
-TRAIN_VARIANTS = ("Denis", "Diogo", "Henrique", "Hugo", "Storm", "adam", "benjamin", "david",
-                  "edward2", "klatt6")
-DEV_VARIANTS = ("michel", "miguel")
-TEST_VARIANTS = ("mike2", "shelby")
+# The speaker population: espeak-ng voice variants of both sexes. espeak-ng's deterministic
+# variants are all male but `shelby`; the other female ones are used in their steady form
+# (data_prep/espeak.py), so that a seed gives the same audio. Each held-out split gets
+# HELDOUT_PER_SEX variants of each sex, drawn with the corpus seed and never heard in training.
+VARIANTS_BY_SEX = {
+    "male": ("Denis", "Diogo", "Henrique", "Hugo", "Storm", "adam", "benjamin", "david",
+             "edward2", "klatt6", "michel", "miguel", "mike2"),
+    "female": ("shelby", "f1-steady", "f2-steady", "f3-steady", "f4-steady", "f5-steady",
+               "Annie-steady", "Andrea-steady", "Alicia-steady", "steph-steady",
+               "belinda-steady"),
+}
+HELDOUT_PER_SEX = 1
 SPLITS = ("train", "dev", "tst-COMMON")
 COMPLETE = ".complete.json"
 
@@ -83,13 +88,23 @@ class Segment:
   voice: Voice
 
 
-def _speakers(rng, language: str, variants, count: int) -> list[Voice]:
-  voices = []
-  for i in range(count):
-    variant = variants[i % len(variants)]
-    voices.append(Voice(ESPEAK_VOICE[language], variant, int(rng.integers(125, 186)),
-                        int(rng.integers(25, 76))))
-  return voices
+def split_variants(seed: int) -> dict[str, tuple[str, ...]]:
+  """{split: voice variants}: HELDOUT_PER_SEX of each sex for dev and for tst-COMMON, drawn
+  with `seed`; the rest for train."""
+  rng = np.random.default_rng([seed, 7])
+  chosen = {split: [] for split in SPLITS}
+  for sex in sorted(VARIANTS_BY_SEX):
+    variants = [VARIANTS_BY_SEX[sex][i] for i in rng.permutation(len(VARIANTS_BY_SEX[sex]))]
+    chosen["dev"] += variants[:HELDOUT_PER_SEX]
+    chosen["tst-COMMON"] += variants[HELDOUT_PER_SEX:2 * HELDOUT_PER_SEX]
+    chosen["train"] += variants[2 * HELDOUT_PER_SEX:]
+  return {split: tuple(sorted(variants)) for split, variants in chosen.items()}
+
+
+def _speakers(rng, language: str, variants) -> list[Voice]:
+  """One speaker per variant, each with its own speaking rate (words per minute) and pitch."""
+  return [Voice(ESPEAK_VOICE[language], variant, int(rng.integers(125, 186)),
+                int(rng.integers(25, 76))) for variant in variants]
 
 
 TEXT_SOURCES = ("catalogs", "ding")
@@ -134,9 +149,8 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
     n_held = min(n_held, spec.max_heldout)
   split_pairs = {"dev": order[:n_held], "tst-COMMON": order[n_held:2 * n_held],
                  "train": order[2 * n_held:]}
-  speakers = {"train": _speakers(rng, source, TRAIN_VARIANTS, 10),
-              "dev": _speakers(rng, source, DEV_VARIANTS, 2),
-              "tst-COMMON": _speakers(rng, source, TEST_VARIANTS, 2)}
+  speakers = {split: _speakers(rng, source, variants)
+              for split, variants in split_variants(spec.seed).items()}
   plan = {}
   for split in SPLITS:
     repeats = spec.train_speakers_per_sentence if split == "train" else 1
@@ -218,14 +232,15 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
   for source, target in spec.directions():
     root = os.path.join(out, f"{source}-{target}")
     marker = os.path.join(root, COMPLETE)
-    spec_json = json.dumps(dataclasses.asdict(spec), sort_keys=True)
+    spec_json = json.dumps(dict(dataclasses.asdict(spec), voices=split_variants(spec.seed)),
+                           sort_keys=True)
     if os.path.exists(marker):
       with open(marker, encoding="utf-8") as f:
         if json.load(f).get("spec") == spec_json:
           done_dirs.append(root)
           continue
-      raise FileExistsError(f"{root} was built with a different spec; remove it or choose "
-                            f"another --out")
+      raise FileExistsError(f"{root} was built with a different spec or speaker set; remove "
+                            f"it (and any corpus prepared from it) or choose another --out")
     plan = plan_direction(spec, source, target, wheels, ding_pairs(spec, source, target))
     jobs, meta = [], []
     for split, talks in plan.items():

@@ -6,7 +6,9 @@ import os
 
 import pytest
 
-from data_prep import corpora, embedded_corpus, po_text
+import numpy as np
+
+from data_prep import corpora, embedded_corpus, espeak, po_text
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,41 @@ def test_dev_and_test_have_unseen_speakers_and_sentences(built):
     assert splits[split]
     assert not {r.speaker for r in splits[split]} & train_speakers
     assert not {r.source_text for r in splits[split]} & train_sentences
+
+
+def test_held_out_splits_have_one_unheard_voice_of_each_sex(built):
+  chosen = embedded_corpus.split_variants(seed=0)
+  sex = {v: s for s, variants in embedded_corpus.VARIANTS_BY_SEX.items() for v in variants}
+  assert sorted(v for vs in chosen.values() for v in vs) == sorted(sex)
+  for split in ("dev", "tst-COMMON"):
+    assert sorted(sex[v] for v in chosen[split]) == ["female", "male"]
+    assert not set(chosen[split]) & set(chosen["train"])
+  assert embedded_corpus.split_variants(seed=1) != chosen
+  a, _ = built
+  for split in ("dev", "tst-COMMON"):
+    variants = {r.speaker.split("_")[1] for r in corpora.read_mustc(a, "en-de", split)}
+    assert variants <= set(chosen[split])
+
+
+def test_every_voice_gives_the_same_audio_whatever_was_synthesised_before():
+  """espeak-ng's flutter and roughness carry state across utterances: the corpus' voices (the
+  steady copies among them) must not."""
+  synth = espeak.Synthesizer()
+  text, other = "She listened in silence.", "Pardon me for interrupting you, it is late."
+  variants = [v for vs in embedded_corpus.VARIANTS_BY_SEX.values() for v in vs]
+  first = {v: synth.synthesize(text, espeak.Voice("en-us", v, 160, 40)) for v in variants}
+  for v in reversed(variants):
+    synth.synthesize(other, espeak.Voice("en-us", v, 140, 60))
+    again = synth.synthesize(text, espeak.Voice("en-us", v, 160, 40))
+    assert len(again) > 8000 and np.array_equal(again, first[v]), v
+  # The plain (unsteady) form of a female variant is the counter-example.
+  plain = espeak.Voice("en-us", "f2", 160, 40)
+  takes = [synth.synthesize(text, plain)]
+  synth.synthesize(other, espeak.Voice("en-us", "m3", 150, 50))
+  takes.append(synth.synthesize(text, plain))
+  assert len(takes[0]) != len(takes[1]) or not np.array_equal(*takes)
+  with pytest.raises(ValueError, match="no voice variant 'nosuch'.*valid: .*f2"):
+    synth.synthesize(text, espeak.Voice("en-us", "nosuch-steady", 160, 40))
 
 
 def test_rebuilding_reuses_a_complete_build(built, monkeypatch):

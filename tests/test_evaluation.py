@@ -107,6 +107,22 @@ def test_bleu_is_sacrebleu_13a_case_sensitive_with_its_signature():
   assert corpus_bleu([h.lower() for h in refs], refs)["bleu"] < 100.0     # case counts
 
 
+def test_scores_by_speaker_are_each_speakers_corpus_scores():
+  """results.json's by_tag: one corpus WER per speaker (and per any tag with several values);
+  a tag with one value in the split is left out."""
+  import types
+  from multiformer_jax.evaluation.evaluate import scores_by_tag
+  references = ["she set the table", "he knows a thing", "it is late", "all right then"]
+  hypotheses = ["she set the table", "he knows the thing", "", "all right then"]
+  data = types.SimpleNamespace(references=references, tag_values={
+      "speaker": np.array(["en-us_f2-steady", "en-us_mike2", "en-us_mike2", "en-us_f2-steady"]),
+      "domain": np.array(["ding"] * 4)})
+  grouped = scores_by_tag("asr", data, hypotheses, ("speaker", "domain"))
+  assert grouped == {"speaker": {
+      "en-us_f2-steady": {"wer": 0.0, "utterances": 2},
+      "en-us_mike2": {"wer": round(100 * (1 + 3) / (4 + 3), 2), "utterances": 2}}}
+
+
 def test_checkpoint_averaging_is_the_mean_of_the_parameter_trees(tmp_path):
   checkpoints = ckpt_lib.StageCheckpoints(str(tmp_path / "ckpt"), keep_last=5)
   trees = []

@@ -49,7 +49,7 @@ from data_prep import tfds_dataset, vocab
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
-TAG_NAMES = ("source_lang", "target_lang", "domain", "pair")
+TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +135,8 @@ class SplitData:
       self.tokens = [np.concatenate([[p], t]).astype(np.int32)
                      for p, t in zip(self.prefix, self.tokens)]
     self.references = [str(t) for t in texts]
-    self.tag_values = {name: index[name] for name in ("source_lang", "target_lang", "domain")}
+    self.tag_values = {name: index[name]
+                       for name in ("source_lang", "target_lang", "domain", "speaker")}
     self.tag_values["pair"] = pairs[self.rows]
     self.source = None  # opened lazily: data sources do not pickle
     self.gcmvn = read_gcmvn(prepared, self.summary) if config.cmvn == "global" else None
