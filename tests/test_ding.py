@@ -136,3 +136,29 @@ def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
   assert (spec.text, spec.train_speakers_per_sentence, spec.max_heldout) == (
       ("catalogs", "ding"), 1, 300)
   assert root == config.data.root and prepared[0][1] == config.data.root
+
+
+def test_a_prepared_quickstart_refuses_an_embedded_corpus_of_another_spec(tmp_path):
+  """A corpus built with another spec or speaker set under data.root is not silently trained
+  on because data.prepared_dir exists: run.py names it and says what to remove."""
+  import json
+  import logging
+  from configs import quickstart
+  from data_prep import embedded_corpus as ec
+  from multiformer_jax.training import train
+  config = quickstart.get_config()
+  config.data.root, config.data.prepared_dir = str(tmp_path / "corpus"), str(tmp_path / "prep")
+  (tmp_path / "prep").mkdir()
+  (tmp_path / "prep" / "prepared.json").write_text("{}")
+  spec = ec.CorpusSpec(text=("catalogs", "ding"), seed=config.data.seed,
+                       train_speakers_per_sentence=1, max_heldout=300)
+  marker = tmp_path / "corpus" / "en-de" / ec.COMPLETE
+  marker.parent.mkdir(parents=True)
+  marker.write_text(json.dumps({"spec": ec._spec_json(spec)}))
+  train.ensure_prepared(config, logging.getLogger("test"))        # the same spec: used
+  older = json.loads(ec._spec_json(spec))
+  older["voices"]["tst-COMMON"] = ["mike2", "shelby"]
+  marker.write_text(json.dumps({"spec": json.dumps(older, sort_keys=True)}))
+  with pytest.raises(FileExistsError, match="en-de was built with a different spec or speaker "
+                                            "set; remove it .*data.root"):
+    train.ensure_prepared(config, logging.getLogger("test"))

@@ -628,22 +628,26 @@ def ensure_prepared(config, log: logging.Logger):
   """Prepares data.prepared_dir from data.root when needed (builds the embedded corpus first
   if data.embedded); a no-op when it is already prepared."""
   d = config.data
-  if os.path.exists(os.path.join(d.prepared_dir, "prepared.json")):
-    return
   from data_prep import embedded_corpus, prepare  # pylint: disable=import-outside-toplevel
+  specs = [embedded_corpus.CorpusSpec(
+      sources=tuple(d.embedded_sources.split(",")), target=target, seed=d.seed,
+      text=tuple(d.get("embedded_text", "catalogs").split(",")),
+      train_speakers_per_sentence=d.get("embedded_speakers_per_sentence", 2),
+      max_heldout=d.get("embedded_max_heldout", 0))
+      for target in d.embedded_target.split(",")] if d.embedded else []
+  if os.path.exists(os.path.join(d.prepared_dir, "prepared.json")):
+    for spec in specs:     # an embedded corpus of another spec: refused, not silently used
+      for source, target in spec.directions():
+        embedded_corpus.is_built(os.path.join(d.root, f"{source}-{target}"), spec)
+    return
   if not d.root:
     raise FileNotFoundError(f"data.prepared_dir={d.prepared_dir!r} is not prepared and "
                             f"data.root is empty: set --config.data.root to the corpus "
                             f"download directory, or run python -m data_prep.prepare")
-  if d.embedded:
+  if specs:
     log.info("building the embedded corpus in %s", d.root)
-    for target in d.embedded_target.split(","):
-      spec = embedded_corpus.CorpusSpec(
-          sources=tuple(d.embedded_sources.split(",")), target=target, seed=d.seed,
-          text=tuple(d.get("embedded_text", "catalogs").split(",")),
-          train_speakers_per_sentence=d.get("embedded_speakers_per_sentence", 2),
-          max_heldout=d.get("embedded_max_heldout", 0))
-      embedded_corpus.build(d.root, spec)
+  for spec in specs:
+    embedded_corpus.build(d.root, spec)
   log.info("preparing %s -> %s", d.root, d.prepared_dir)
   prepare.prepare(d.corpus, d.root, d.pairs.split(","), d.prepared_dir,
                   [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab,
