@@ -228,6 +228,11 @@ def _spec_json(spec: CorpusSpec) -> str:
                     sort_keys=True)
 
 
+def direction_dir(out: str, source: str, target: str) -> str:
+  """{out}/{src}-{tgt}: where `build` writes one direction (MuST-C's layout)."""
+  return os.path.join(out, f"{source}-{target}")
+
+
 def is_built(root: str, spec: CorpusSpec) -> bool:
   """Whether the direction directory `root` holds a complete build of `spec` (False when it is
   not complete); a complete build of another spec or speaker set raises FileExistsError."""
@@ -250,7 +255,7 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
   done_dirs = []
   spec_json = _spec_json(spec)
   for source, target in spec.directions():
-    root = os.path.join(out, f"{source}-{target}")
+    root = direction_dir(out, source, target)
     if is_built(root, spec):
       done_dirs.append(root)
       continue

@@ -135,9 +135,8 @@ class SplitData:
       self.tokens = [np.concatenate([[p], t]).astype(np.int32)
                      for p, t in zip(self.prefix, self.tokens)]
     self.references = [str(t) for t in texts]
-    self.tag_values = {name: index[name]
-                       for name in ("source_lang", "target_lang", "domain", "speaker")}
-    self.tag_values["pair"] = pairs[self.rows]
+    self.tag_values = {name: pairs[self.rows] if name == "pair" else index[name]
+                       for name in TAG_NAMES}
     self.source = None  # opened lazily: data sources do not pickle
     self.gcmvn = read_gcmvn(prepared, self.summary) if config.cmvn == "global" else None
 

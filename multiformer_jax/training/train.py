@@ -638,7 +638,7 @@ def ensure_prepared(config, log: logging.Logger):
   if os.path.exists(os.path.join(d.prepared_dir, "prepared.json")):
     for spec in specs:     # an embedded corpus of another spec: refused, not silently used
       for source, target in spec.directions():
-        embedded_corpus.is_built(os.path.join(d.root, f"{source}-{target}"), spec)
+        embedded_corpus.is_built(embedded_corpus.direction_dir(d.root, source, target), spec)
     return
   if not d.root:
     raise FileNotFoundError(f"data.prepared_dir={d.prepared_dir!r} is not prepared and "
