@@ -36,8 +36,9 @@ def get_config(arg=None):
   # decoder.
   m.conv_kernels, m.conv_strides = (5, 5, 5), (2, 2, 2)
   m.decoder_layers, m.decoder_heads = 2, 4
-  # One to three epochs underfit: no dropout, no SpecAugment (a 100-frame time mask would also
-  # hide half of a 2-second utterance).
+  # No dropout, no SpecAugment (a 100-frame time mask would also hide half of a 2-second
+  # utterance): about five ASR and four ST epochs underfit this corpus; in :long's 16 and 13
+  # the ST dev loss is lowest after about eight (docs/quickstart.md).
   m.dropout = m.attention_dropout = m.activation_dropout = 0.0
   d = config.data
   d.embedded = True
