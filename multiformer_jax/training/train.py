@@ -489,7 +489,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   step = int(state.step)
   state = dp.replicate(state)
   compile_clock.install()
-  phases_before = compile_clock.by_phase()
+  phases_before, compile_before = compile_clock.by_phase(), compile_clock.seconds()
   logger.start(step, scfg.max_updates)
   try:
     with faults.StopRequest() as stop:
@@ -502,7 +502,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   best = checkpoints.best()
   wall_s = logger.elapsed()
   phases = {k: v - phases_before[k] for k, v in compile_clock.by_phase().items()}
-  compile_s = sum(phases.values())
+  compile_s = compile_clock.seconds() - compile_before
   summary = {"stage": stage, "updates": step, "early_stopped": early_stopped, "best_step": best,
              "best_dev_loss": checkpoints.meta(best).get("dev_loss"),
              "wall_s": round(wall_s, 1), "compile_s": round(compile_s, 1),
