@@ -25,12 +25,20 @@ transcription of fairseq's with these two switched on, and identical otherwise):
   not depend on what it is batched with (fairseq computes one max_len from the batch's padded
   length). With max_len_a = 0, the speech recipes' setting, the two coincide.
 A prefix containing EOS (fairseq's replicate-first-beam case) is not supported.
+
+Joint CTC/attention decoding (`ctc=`, ESPnet's `BeamSearch` with a CTC scorer of weight w): each
+hypothesis's 2 * beam best tokens by the attention decoder (ESPnet's pre-beam, here as wide as
+fairseq's candidate list) score (1 - w) log p_att(c | h) + w (psi(h + c) - psi(h)) with psi the
+CTC prefix score (`ctc_prefix`); the other tokens are dropped. The search is otherwise the one
+above, so a finished hypothesis scores ((1 - w) log p_att(y) + w log p_ctc(y)) / L ** lenpen.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from multiformer_jax.evaluation import ctc_prefix
 
 NEG_INF = -jnp.inf
 
@@ -79,7 +87,7 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
                 eos_id: int = 2, pad_id: int = 1, bos_id: int = 0,
                 length_penalty: float = 1.0, prefix_tokens=None, *, min_len: int = 1,
                 unk_id: int = 3, unk_penalty: float = 0.0, mask_bos: bool = True,
-                normalize_scores: bool = True, nbest: bool = False):
+                normalize_scores: bool = True, nbest: bool = False, ctc=None):
   """Returns (tokens [batch, max_steps] padded with pad_id, EOS stripped, scores [batch]): the
   best hypothesis of each utterance and its normalised score. With nbest=True, all `beam`
   finalised hypotheses best first: (tokens [batch, beam, max_steps], scores [batch, beam]).
@@ -88,7 +96,9 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
   int, fairseq's max_len per utterance (tokens before EOS), clipped to max_steps - 1, max_steps
   being the static number of decoder steps. prefix_tokens: optional [batch] or [batch, P] tokens
   forced as each hypothesis's first tokens (e.g. a target-language tag; pad = not forced); their
-  log-probabilities count in the score, as in fairseq.
+  log-probabilities count in the score, as in fairseq. ctc: optional (log_probs [batch, T,
+  vocab] of a CTC head, lengths [batch] valid frames, weight in (0, 1], blank id) for joint
+  CTC/attention decoding.
   """
   if 2 * beam > vocab - 1:
     raise ValueError(f"beam {beam} needs a vocabulary of at least {2 * beam + 1} tokens "
@@ -110,16 +120,48 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
   finished_score = jnp.full((batch, beam), NEG_INF)
   finished_count = jnp.zeros((batch,), jnp.int32)
   done = jnp.zeros((batch,), bool)
+  if ctc is not None:
+    ctc_log_probs, ctc_lengths, ctc_weight, blank_id = ctc
+    if not 0.0 < ctc_weight <= 1.0:
+      raise ValueError(f"ctc weight {ctc_weight}: valid values are in (0, 1]")
+    ctc_x, ctc_r = ctc_prefix.initial_state(ctc_log_probs, ctc_lengths, blank_id)
+    ctc_r = jnp.repeat(ctc_r[:, None], beam, axis=1)                    # [b, k, T, 2]
+    ctc_state = (ctc_r, jnp.zeros((batch, beam)))     # forward variables, psi of each alive h
+    pre_beam = min(2 * beam, vocab)
+
+  def joint_log_probs(logp, i, alive_seq, ctc_state):
+    """Attention log-probs [b, k, V] -> joint scores of the pre-beam tokens (-inf elsewhere),
+    and per pre-beam token its CTC state (psi [b, k, K], r [b, k, K, T, 2]) and id [b, k, K]."""
+    r_prev, psi_prev = ctc_state
+    ids = jax.lax.top_k(logp, pre_beam)[1]                               # [b, k, K]
+    psi, r = ctc_prefix.extend(ctc_x, r_prev, alive_seq[:, :, i], i, ids, blank_id, eos_id)
+    att = jnp.take_along_axis(logp, ids, axis=2)
+    gain = jnp.where(psi > NEG_INF, psi - psi_prev[:, :, None], NEG_INF)
+    joint = jnp.where(att > NEG_INF, (1.0 - ctc_weight) * att + ctc_weight * gain, NEG_INF)
+    scattered = jnp.full_like(logp, NEG_INF)
+    scattered = jax.vmap(jax.vmap(lambda row, idx, val: row.at[idx].set(val)))(
+        scattered, ids, joint)
+    return scattered, (psi, r, ids)
+
+  def follow_ctc(candidates, parent, token):
+    """The CTC state of candidates (parent beam, token) [b, 2k]: (r [b, 2k, T, 2], psi)."""
+    psi, r, ids = candidates
+    position = jnp.argmax(_gather_beams(ids, parent) == token[:, :, None], axis=2)  # [b, 2k]
+    pick = jax.vmap(lambda x, p, q: x[p, q])
+    return pick(r, parent, position), pick(psi, parent, position)
 
   def cond(state):
-    i, done = state[0], state[-2]
+    i, done = state[0], state[6]
     return (i < max_steps) & ~jnp.all(done)
 
   def body(state):
-    i, alive_seq, alive_score, finished_seq, finished_score, finished_count, done, cache = state
+    (i, alive_seq, alive_score, finished_seq, finished_score, finished_count, done, cache,
+     ctc_state) = state
     tokens = alive_seq[:, :, i].reshape(batch * beam, 1)
     logits, cache = step_fn(tokens, i, cache)
     logp = _step_log_probs(logits.reshape(batch, beam, vocab), i, max_lengths, **mask)
+    if ctc is not None:
+      logp, ctc_candidates = joint_log_probs(logp, i, alive_seq, ctc_state)
     candidates = (alive_score[:, :, None] + logp).reshape(batch, beam * vocab)
     cand_score, cand_index = jax.lax.top_k(candidates, 2 * beam)       # [b, 2k], best first
     parent, token = cand_index // vocab, cand_index % vocab
@@ -146,12 +188,15 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
     alive_score = _gather_beams(cand_score, active)
     rows = (jnp.arange(batch)[:, None] * beam + _gather_beams(parent, active)).reshape(-1)
     cache = jax.tree_util.tree_map(lambda x: x[rows], cache)
+    if ctc is not None:
+      ctc_r, ctc_psi = follow_ctc(ctc_candidates, parent, token)
+      ctc_state = (_gather_beams(ctc_r, active), _gather_beams(ctc_psi, active))
     return (i + 1, alive_seq, alive_score, finished_seq, finished_score, finished_count, done,
-            cache)
+            cache, ctc_state)
 
   state = (jnp.array(0), alive_seq, alive_score, finished_seq, finished_score, finished_count,
-           done, cache)
-  _, _, _, finished_seq, finished_score, _, _, _ = jax.lax.while_loop(cond, body, state)
+           done, cache, ctc_state if ctc is not None else ())
+  finished_seq, finished_score = jax.lax.while_loop(cond, body, state)[3:5]
   order = jnp.argsort(-finished_score, axis=1, stable=True)              # best first
   finished_seq = _gather_beams(finished_seq, order)[:, :, 1:]             # [b, k, max_steps]
   finished_score = _gather_beams(finished_score, order)

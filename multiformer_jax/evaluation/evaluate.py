@@ -29,7 +29,8 @@ from data_prep import cli_errors
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.runtime.host_memory import use_huge_pages
-from multiformer_jax.evaluation.inference import decode_split, make_translate_for, score
+from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
+                                                  make_translate_for, score)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
                                          task_keys, training_pairs)
@@ -97,7 +98,7 @@ def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
                    average_last: int | None = None, beam: int | None = None,
                    length_penalty: float | None = None, progress: bool = True,
-                   min_len: int | None = None) -> dict:
+                   min_len: int | None = None, ctc_weight: float | None = None) -> dict:
   log = setup_logging()
   e = config.eval
   checkpoint = checkpoint or e.checkpoint
@@ -115,11 +116,14 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   batcher = ip.Batcher(data, False, tasks=tasks)
   model = S2TModel(model_config_for(config, data.vocab.size, tasks, stage))
   params, which = stage_params(workdir, stage, checkpoint, average_last)
-  log.info("evaluating %s on %s (%d utterances) with %s, beam %d", stage, split, len(data),
-           which, beam)
+  ctc_weight = joint_ctc_weight(model, e, ctc_weight)
+  log.info("evaluating %s on %s (%d utterances) with %s, beam %d%s", stage, split, len(data),
+           which, beam, f", joint CTC/attention (ctc_weight {ctc_weight})" if ctc_weight else "")
   min_len = e.get("min_len", 1) if min_len is None else min_len
   unk_penalty = e.get("unk_penalty", 0.0)
-  translate = make_translate_for(model, e, beam, length_penalty, min_len)
+  translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight)
+  search = "fairseq 0.12.2 beam search" + (
+      f", joint CTC/attention scores (ctc_weight {ctc_weight})" if ctc_weight else "")
   start = time.time()
   hypotheses = decode_split(params, batcher, translate, progress, config.train.seed)
   references = data.references
@@ -140,7 +144,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
             "left_out": left_out,
             "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
             "max_len": f"{e.max_len_a} * frames + {e.max_len_b}", "min_len": min_len,
-            "unk_penalty": unk_penalty, "search": "fairseq 0.12.2 beam search",
+            "unk_penalty": unk_penalty, "ctc_weight": ctc_weight, "search": search,
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
@@ -171,11 +175,14 @@ def main(argv=None):
   parser.add_argument("--lenpen", type=float, default=None)
   parser.add_argument("--min_len", type=int, default=None,
                       help="fairseq --min-len: no EOS before this many tokens (default 1)")
+  parser.add_argument("--ctc_weight", type=float, default=None,
+                      help="joint CTC/attention decoding weight for a model with a CTC head "
+                           "(default: eval.ctc_weight)")
   args = parser.parse_args(argv)
   config = ckpt_lib.load_config(args.workdir)
   result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
                           args.checkpoint, args.average_last, args.beam, args.lenpen,
-                          min_len=args.min_len)
+                          min_len=args.min_len, ctc_weight=args.ctc_weight)
   print(json.dumps(result, indent=1, ensure_ascii=False))
 
 

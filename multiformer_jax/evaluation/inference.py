@@ -14,13 +14,13 @@ import numpy as np
 
 from multiformer_jax.evaluation import decode
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
+from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
                    max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
-                   nbest: bool = False):
+                   nbest: bool = False, ctc_weight: float = 0.0):
   """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
   [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
   max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
@@ -28,9 +28,14 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   tasks: [batch] task ids or a pair (encoder ids, decoder ids) of a multi-task model; prefix: [batch] forced first tokens (target-
   language tags); key: the PRNG key of `noisy` head-selection inference. With nbest=True it
   returns every finalised hypothesis, best first: (tokens [batch, beam, steps], scores
-  [batch, beam]).
+  [batch, beam]). ctc_weight > 0: joint CTC/attention decoding with the model's CTC head
+  (`decode.beam_search`'s `ctc`); a model without one decodes with attention alone.
   """
   cfg = model.config
+  if not 0.0 <= ctc_weight <= 1.0:
+    raise ValueError(f"eval.ctc_weight={ctc_weight}: valid values are in [0, 1] (0 = attention "
+                     "alone, ESPnet decodes ASR with 0.3)")
+  joint_ctc = ctc_weight > 0 and cfg.ctc_head
   limit = cfg.max_target_positions - 1
   noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
                                                   cfg.decoder_candidates)
@@ -56,24 +61,36 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
       return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
                          method=model.decode_step, rngs=rngs(index))
     max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
+    ctc = None
+    if joint_ctc:
+      ctc = (model.apply(variables, encoded, method=model.ctc_log_probs),
+             jnp.sum(mask, axis=1), ctc_weight, CTC_BLANK_ID)
     tokens, scores = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
                                         cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
                                         length_penalty, prefix, min_len=min_len,
-                                        unk_penalty=unk_penalty, nbest=nbest)
+                                        unk_penalty=unk_penalty, nbest=nbest, ctc=ctc)
     return (tokens, scores) if nbest else tokens
   return jax.jit(translate)
 
 
 def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
-                       length_penalty: float | None = None, min_len: int | None = None):
+                       length_penalty: float | None = None, min_len: int | None = None,
+                       ctc_weight: float | None = None):
   """make_translate with a config's eval.* search settings (beam, length penalty, max_len_a/b,
-  min_len, unk_penalty); the arguments given replace theirs."""
+  min_len, unk_penalty, ctc_weight); the arguments given replace theirs."""
   return make_translate(
       model, beam or eval_cfg.beam,
       eval_cfg.length_penalty if length_penalty is None else length_penalty,
       eval_cfg.max_len_a, eval_cfg.max_len_b,
       eval_cfg.get("min_len", 1) if min_len is None else min_len,
-      eval_cfg.get("unk_penalty", 0.0))
+      eval_cfg.get("unk_penalty", 0.0),
+      ctc_weight=eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight)
+
+
+def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None) -> float:
+  """The CTC weight a search with these settings uses: 0 for a model without a CTC head."""
+  weight = eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight
+  return weight if model.config.ctc_head else 0.0
 
 
 def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, seed: int = 0):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 PAD_ID = 1
+CTC_BLANK_ID = 0    # fairseq's CTC blank: <s>, which no target contains
 
 
 def label_smoothed_nll(logits, targets, epsilon: float, pad_id: int = PAD_ID):
@@ -29,8 +30,8 @@ def label_smoothed_nll(logits, targets, epsilon: float, pad_id: int = PAD_ID):
   return jnp.sum(loss * mask), jnp.sum(nll * mask), jnp.sum(mask)
 
 
-def ctc_loss_sum(logits, mask, targets, weights, blank_id: int = 0, pad_id: int = PAD_ID,
-                 eos_id: int = 2):
+def ctc_loss_sum(logits, mask, targets, weights, blank_id: int = CTC_BLANK_ID,
+                 pad_id: int = PAD_ID, eos_id: int = 2):
   """Summed CTC loss of the target tokens (EOS and pad left out) given per-frame logits.
 
   logits [B, T, V] and mask [B, T] (True = valid frame) of the encoder output; targets [B, U]

@@ -43,6 +43,10 @@ class S2TModel(nn.Module):
   def cross_kv(self, encoded):
     return self.decoder.cross_kv(encoded)
 
+  def ctc_log_probs(self, encoded):
+    """The CTC head's log-probabilities [batch, frames', vocab] (models with `ctc_head`)."""
+    return jax.nn.log_softmax(self.ctc_proj(encoded).astype(jnp.float32))
+
   def decode_step(self, tokens, index, cache, cross_kv, encoder_mask, tasks=None):
     return self.decoder.decode_step(tokens, index, cache, cross_kv, encoder_mask, tasks)
 
