@@ -6,8 +6,8 @@
 Trains a text-to-text model on the prepared corpus's (transcript, translation) pairs: the
 source's ASR SentencePiece pieces embedded and run through `--encoder_layers` Transformer
 layers of full attention, then the config's decoder (its width, depth, heads and ST
-vocabulary), with the ST stage's label smoothing, Adam betas and peak learning rate
-(polynomial decay, warmup 100). Every `--eval_every` updates it reports the dev perplexity and
+vocabulary), with the ST stage's label smoothing and optimizer (`train.make_optimizer`: its
+learning rate, schedule and warmup, decaying over `--updates`). Every `--eval_every` updates it reports the dev perplexity and
 BLEU with the evaluation's beam search (`decode.beam_search`, the config's beam and length
 penalty), and at the end tst-COMMON BLEU of the parameters with the lowest dev perplexity.
 The speech model's ST stage cannot translate better than this text model does: the figure
@@ -17,7 +17,6 @@ tells whether a BLEU target is within what the corpus's pairs teach a decoder of
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -33,6 +32,7 @@ import optax
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import machine  # noqa: E402
+from data_prep.cli_errors import load_config_file  # noqa: E402
 from data_prep.vocab import Vocabulary  # noqa: E402
 from multiformer_jax.evaluation.decode import beam_search  # noqa: E402
 from multiformer_jax.evaluation.metrics import corpus_bleu, label_smoothed_nll  # noqa: E402
@@ -41,6 +41,7 @@ from multiformer_jax.model.encoder import EncoderLayer  # noqa: E402
 from multiformer_jax.model.feedforward import layer_norm  # noqa: E402
 from multiformer_jax.model.model_config import ModelConfig  # noqa: E402
 from multiformer_jax.model.positions import padded_positions  # noqa: E402
+from multiformer_jax.training.train import make_optimizer  # noqa: E402
 
 PAD, EOS = 1, 2
 
@@ -74,13 +75,6 @@ class TextToText(nn.Module):
 
   def decode_step(self, tokens, index, cache, cross_kv, mask):
     return self.decoder.decode_step(tokens, index, cache, cross_kv, mask)
-
-
-def load_config(path: str):
-  spec = importlib.util.spec_from_file_location("benchmark_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
 
 
 def load_split(prepared_dir, split, source_vocab, target_vocab, length):
@@ -117,7 +111,7 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
 
-  config = load_config(args.config)
+  config = load_config_file(args.config)
   prepared = args.prepared_dir or config.data.prepared_dir
   test_split = args.test_split or config.data.test_split
   with open(os.path.join(prepared, "prepared.json"), encoding="utf-8") as f:
@@ -136,14 +130,11 @@ def main(argv=None):
       dropout=args.dropout, attention_dropout=args.dropout, activation_dropout=args.dropout)
   model = TextToText(model_cfg, source_vocab.size)
   st, e = config.st, config.eval
+  st.max_updates = args.updates
+  st.warmup_updates = min(st.warmup_updates, args.updates // 2)
   key = jax.random.PRNGKey(args.seed)
   params = jax.jit(model.init)(key, train[0][:2], train[1][:2])["params"]
-  warmup = min(100, args.updates // 2)
-  schedule = optax.join_schedules(
-      [optax.linear_schedule(0.0, st.lr, warmup),
-       optax.linear_schedule(st.lr, 0.0, args.updates - warmup)], [warmup])
-  tx = optax.chain(optax.clip_by_global_norm(config.train.get("clip_norm", 10.0) or 1e9),
-                   optax.adam(schedule, b1=config.train.adam_b1, b2=config.train.adam_b2))
+  tx, _ = make_optimizer(config.train, st)
   opt_state = tx.init(params)
   smoothing = config.train.label_smoothing
 
