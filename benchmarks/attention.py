@@ -8,6 +8,12 @@ jit(grad(sum(attention(q, k, v)))) with respect to q, k, v (and the conv weights
 references are the dense masked computation a JAX user would write for a window
 (`jax.nn.dot_product_attention(local_window_size=...)`, which forms the n x n matrix under a
 mask) and dense full attention; they are skipped above --max_dense_n (their n^2 temporaries).
+On a GPU two cuDNN flash-attention rows join them (`jax.nn.dot_product_attention(...,
+implementation="cudnn")`): `cudnn_full` (every key valid, as `full`) and
+`cudnn_masked(129)`, the same band as local(129) given as a boolean mask (cuDNN's own sliding
+window is causal only, so a symmetric window is a mask). Each cuDNN row records the largest
+absolute difference of its forward output from its counterpart's (`full`, `local(129)`) on the
+same q, k, v: the check that both compute the same function.
 Each row also times the forward alone (`forward_seconds`: what evaluation pays).
 Results are JSON lines: kind, n, seconds, forward_seconds, temp_bytes, flops.
 `benchmarks/report.py` turns them into docs/benchmarks.md tables and plots.
@@ -74,6 +80,23 @@ def kinds(head_dim: int, window_for_dense: int):
   return table
 
 
+CUDNN_COUNTERPARTS = {"cudnn_full": "full", "cudnn_masked(129)": "local(129)"}
+
+
+def cudnn_kinds():
+  """The cuDNN flash-attention references (GPU only), same signature as kinds()' entries."""
+  def band(n):
+    offsets = jnp.arange(n)[None, :] - jnp.arange(n)[:, None]
+    return (jnp.abs(offsets) <= 64)[None, None]   # [1, 1, q, k]
+  return {
+      "cudnn_full": (lambda p, q, k, v, m: jax.nn.dot_product_attention(
+          q, k, v, key_value_seq_lengths=jnp.sum(m, axis=1, dtype=jnp.int32),
+          implementation="cudnn"), None, True),
+      "cudnn_masked(129)": (lambda p, q, k, v, m: jax.nn.dot_product_attention(
+          q, k, v, mask=band(q.shape[1]), implementation="cudnn"), None, True),
+  }
+
+
 def kernel_products(q, k, v, projection):
   """The matrix products of kernel(256) alone, in its layout: the feature projections of q and
   k, phi(k)^T [v, 1] and phi(q) (phi(k)^T [v, 1]), without the exponentials, stabilisers, masks
@@ -108,6 +131,8 @@ def main(argv=None):
   args = parser.parse_args(argv)
   lengths = [int(n) for n in args.lengths.split(",")]
   table = kinds(args.head_dim, args.dense_window)
+  on_gpu = jax.default_backend() == "gpu"
+  table.update(cudnn_kinds() if on_gpu else {})
   only = re.split(r",(?![^(]*\))", args.only)   # commas outside parentheses: conv(5,2)
   chosen = [k for k in table if not args.only or k in only]
   results = Results(args.out, {**machine(), "batch": args.batch, "heads": args.heads,
@@ -120,16 +145,28 @@ def main(argv=None):
     mask = jnp.ones((args.batch, n), bool)
     for name in chosen:
       fn, params, dense = table[name]
-      if dense and n > args.max_dense_n:
+      if dense and n > args.max_dense_n and name not in CUDNN_COUNTERPARTS:
         results.add(kind=name, n=n, skipped=f"n > --max_dense_n={args.max_dense_n}")
         continue
-      exe, stats = compiled(fwd_bwd(fn), params, q, k, v, mask)
+      try:
+        exe, stats = compiled(fwd_bwd(fn), params, q, k, v, mask)
+      except Exception as error:   # noqa: BLE001 - cuDNN refuses some shapes and dtypes
+        if name not in CUDNN_COUNTERPARTS:
+          raise
+        results.add(kind=name, n=n, skipped=f"cuDNN: {type(error).__name__}: {error}"[:300])
+        continue
       seconds = time_call(exe, params, q, k, v, mask, repeats=args.repeats)
       forward, _ = compiled(fn, params, q, k, v, mask)   # what evaluation pays
       forward_seconds = time_call(forward, params, q, k, v, mask, repeats=args.repeats)
       if name.startswith("local"):   # FLOPs of the whole band, not of one scan step
         with local_heads_in_one_chunk():
           stats["flops"] = compiled(fwd_bwd(fn), params, q, k, v, mask)[1]["flops"]
+      if name in CUDNN_COUNTERPARTS:   # equal work: the same outputs as our kind's
+        counterpart = table[CUDNN_COUNTERPARTS[name]][0]
+        difference = jnp.max(jnp.abs(forward(params, q, k, v, mask).astype(jnp.float32) -
+                                     jax.jit(counterpart)(params, q, k, v, mask)
+                                     .astype(jnp.float32)))
+        stats[f"max_abs_diff_vs_{CUDNN_COUNTERPARTS[name]}"] = float(difference)
       results.add(kind=name, n=n, seconds=round(seconds, 5),
                   forward_seconds=round(forward_seconds, 5), **stats)
 

@@ -5,7 +5,8 @@ stream, from the perfetto trace that `train_step.py --trace_dir DIR` writes.
 
 DIR is searched for perfetto_trace.json.gz (or give the file). For each thread / stream with
 more than 1 ms of events: the summed and spanned milliseconds, the event count and the `top`
-(default 30) event names by summed duration.
+(default 30) event names by summed duration. For GPU streams also the time per kind of
+kernel, from XLA's kernel names (KERNEL_KINDS).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import glob
 import gzip
 import json
 import os
+import re
 import sys
 
 
@@ -29,6 +31,27 @@ def find_trace(path: str) -> str:
   if len(found) > 1:
     print(f"{len(found)} traces under {path!r}; summarising the newest: {newest}")
   return newest
+
+
+# (kind, pattern of the kernel name), first match wins. XLA names a fusion by its emitter:
+# loop_* elementwise, input_* reductions (and transposes that read through shared memory),
+# gemm_fusion_* its Triton matmuls, fusion_<n> the custom block-level (Triton) fusions of
+# normalisations; the matmul and convolution libraries' kernels keep their own names.
+KERNEL_KINDS = (
+    ("matmul and convolution libraries", r"nvjet|cutlass|xmma|cublas|cudnn|gemm_bf16|sm\d+_"),
+    ("XLA Triton matmuls (gemm_fusion)", r"^gemm_fusion"),
+    ("block-level Triton fusions (fusion_N)", r"^fusion_\d+"),
+    ("transposes and copies", r"transpose|copy|memcpy|Memset"),
+    ("reductions (input_*)", r"^input_|reduce"),
+    ("elementwise (loop_*)", r"^loop_|^wrapped_"),
+)
+
+
+def kernel_kind(name: str) -> str:
+  for kind, pattern in KERNEL_KINDS:
+    if re.search(pattern, name):
+      return kind
+  return "other"
 
 
 def summarise(events: list[dict], top: int) -> str:
@@ -58,6 +81,12 @@ def summarise(events: list[dict], top: int) -> str:
     lines.append(f"== {track}: {summed / 1e3:.1f} ms summed, span "
                  f"{(span[track][1] - span[track][0]) / 1e3:.1f} ms, "
                  f"{sum(count[track].values())} events")
+    if "GPU" in str(track[0]):
+      kinds = collections.Counter()
+      for name, duration in names.items():
+        kinds[kernel_kind(name)] += duration
+      for kind, duration in kinds.most_common():
+        lines.append(f"  {duration / 1e3:9.2f} ms {100 * duration / summed:5.1f}%  [{kind}]")
     for name, duration in names.most_common(top):
       lines.append(f"  {duration / 1e3:9.2f} ms {count[track][name]:6d}x  {name[:110]}")
   return "\n".join(lines)

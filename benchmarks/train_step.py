@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import argparse
 import copy
+import gzip
 import importlib
 import os
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -34,9 +37,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
-                               lowered_flops, machine, matmul_peak)
+                               lowered_flops, machine, matmul_peak, read_results)
 from multiformer_jax import build_model
 from multiformer_jax.training import train  # noqa: E402
+from multiformer_jax.model import dropout as dropout_lib  # noqa: E402
 from multiformer_jax.model.model_config import DROPOUT_RATES  # noqa: E402
 from multiformer_jax.training.parallel import DataParallel  # noqa: E402
 from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
@@ -86,8 +90,8 @@ def model_flops(config, batch) -> float:
   8, ~22 of 300 with the threefry hash before 2026-11-24), which are not model arithmetic. The
   memory options' recomputation is not counted (model FLOPs, as in MFU); local heads, which
   always loop, are traced as one chunk (their backward's recomputed q k^T is counted). The
-  count is the lowered program's (common.lowered_flops: right on a GPU too, and no second
-  compilation)."""
+  count is the lowered program's (common.lowered_flops: no second compilation); on other
+  backends than the CPU see flops_on_cpu."""
   counted = copy.deepcopy(config)
   counted.model.key_block_size, counted.model.ffn_token_chunk = 0, 0
   for rate in DROPOUT_RATES:
@@ -95,6 +99,21 @@ def model_flops(config, batch) -> float:
   with local_heads_in_one_chunk():
     _, step, state, _ = setup(counted)
     return lowered_flops(step.lower(abstract(state), abstract(batch), True, True))
+
+
+def flops_on_cpu(spec: str, args) -> float:
+  """model_flops of config `spec` at the run's batch, traced by this script in a CPU-only
+  process (--flops_only): the program is the same on every backend, and on a GPU a lowered
+  program reports no FLOPs (jax's Lowered.cost_analysis is not implemented through the PJRT
+  C API that the CUDA plugin uses)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    out = os.path.join(tmp, "flops.jsonl")
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--flops_only", "--configs", spec,
+                    "--out", out, "--dtype", args.dtype, "--batch", str(args.batch),
+                    "--frames", str(args.frames), "--tokens", str(args.tokens)],
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=True,
+                   stdout=subprocess.DEVNULL)
+    return read_results(out)[1][0]["flops"]
 
 
 def memory_options(model) -> dict:
@@ -131,8 +150,14 @@ def main(argv=None):
   parser.add_argument("--trace_dir", default="",
                       help="write a profiler trace (perfetto_trace.json.gz) of 3 more steps of "
                            "each timed config under this folder (summary: "
-                           "benchmarks/trace_summary.py)")
+                           "benchmarks/trace_summary.py), and the compiled step's optimised "
+                           "HLO (<config>.hlo.txt.gz: what each traced fusion computes)")
+  parser.add_argument("--materialise_residual_on_gpu", action="store_true",
+                      help="materialise the residual stream's cotangent on a GPU as on the "
+                           "CPU (multiformer_jax/model/dropout.py: add_residual)")
   args = parser.parse_args(argv)
+  if args.materialise_residual_on_gpu:
+    dropout_lib.MATERIALISE_ON = ("cpu", "gpu")
   if args.flops_only:
     results = Results(args.out, {**machine(), **vars(args), "command": " ".join(sys.argv)})
     for name in args.configs.split(","):
@@ -159,7 +184,8 @@ def main(argv=None):
       t0 = time.perf_counter()
       update = step.lower(state, batch, True, True).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
-      flops = model_flops(config, batch)
+      flops = (model_flops(config, batch) if jax.default_backend() == "cpu"
+               else flops_on_cpu(name, args))
       for _ in range(2):
         state, metrics = update(state, batch)
       jax.block_until_ready(metrics)
@@ -173,11 +199,13 @@ def main(argv=None):
       kernel_s = (after.ru_stime - usage.ru_stime) / args.steps
       user_s = (after.ru_utime - usage.ru_utime) / args.steps
       if args.trace_dir:  # after the timing, so that tracing does not slow the timed steps
-        with jax.profiler.trace(os.path.join(args.trace_dir, name.replace("@", "_")),
-                                create_perfetto_trace=True):
+        trace_name = os.path.join(args.trace_dir, name.replace("@", "_"))
+        with jax.profiler.trace(trace_name, create_perfetto_trace=True):
           for _ in range(3):
             state, metrics = update(state, batch)
           jax.block_until_ready(metrics)
+        with gzip.open(trace_name + ".hlo.txt.gz", "wt") as hlo:
+          hlo.write(update.as_text())
       frames = args.batch * args.frames
       results.add(config=name, layout=config.model.encoder_layout,
                   **memory_options(model), seconds=round(seconds, 4),

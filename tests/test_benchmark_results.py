@@ -20,3 +20,30 @@ def test_files_without_a_meta_line_keep_every_row(tmp_path):
   path = tmp_path / "fairseq.jsonl"
   path.write_text(json.dumps({"config": "fairseq", "seconds": 3.5}) + "\n\n")
   assert read_results(str(path)) == ({}, [{"config": "fairseq", "seconds": 3.5}])
+
+
+def test_trace_summary_splits_gpu_time_by_kernel_kind():
+  """benchmarks/trace_summary.py on a small trace: GPU kernels are summed per kind of XLA
+  kernel name; host threads get no kind lines."""
+  from benchmarks.trace_summary import kernel_kind, summarise
+  assert kernel_kind("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_TNT") == \
+      "matmul and convolution libraries"
+  assert kernel_kind("gemm_fusion_dot_920") == "XLA Triton matmuls (gemm_fusion)"
+  assert kernel_kind("fusion_9149") == "block-level Triton fusions (fusion_N)"
+  assert kernel_kind("input_compare_exponential_reduce_fusion") == "reductions (input_*)"
+  assert kernel_kind("loop_select_fusion_13") == "elementwise (loop_*)"
+  assert kernel_kind("input_transpose_fusion_35") == "transposes and copies"
+  meta = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+          {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "Stream #14"}},
+          {"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "/host:CPU"}}]
+  kernels = [("nvjet_a", 3000), ("fusion_1", 1000), ("loop_add_fusion", 500),
+             ("loop_add_fusion", 500)]
+  events = meta + [{"ph": "X", "pid": 1, "tid": 2, "ts": 10 * i, "dur": d, "name": n}
+                   for i, (n, d) in enumerate(kernels)]
+  events.append({"ph": "X", "pid": 3, "tid": 4, "ts": 0, "dur": 2000, "name": "Execute"})
+  text = summarise(events, 5)
+  assert "3.00 ms  60.0%  [matmul and convolution libraries]" in text
+  assert "1.00 ms  20.0%  [block-level Triton fusions (fusion_N)]" in text
+  assert "1.00 ms  20.0%  [elementwise (loop_*)]" in text
+  assert "1.00 ms      2x  loop_add_fusion" in text
+  assert text.count("%  [") == 3

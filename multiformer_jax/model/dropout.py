@@ -99,7 +99,12 @@ def add_residual(x, branch):
   gradients are unchanged; see `_materialised_bwd` for the one non-finite difference.
   """
   out = x + branch
-  return _materialised_cotangent(out) if jax.default_backend() == "cpu" else out
+  return _materialised_cotangent(out) if jax.default_backend() in MATERIALISE_ON else out
+
+
+# The backends on which add_residual materialises the cotangent (benchmarks/train_step.py
+# --materialise_residual_on_gpu measures the GPU with it).
+MATERIALISE_ON = ("cpu",)
 
 
 @jax.custom_vjp
