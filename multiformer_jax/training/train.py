@@ -633,6 +633,8 @@ def ensure_prepared(config, log: logging.Logger):
       sources=tuple(d.embedded_sources.split(",")), target=target, seed=d.seed,
       text=tuple(d.get("embedded_text", "catalogs").split(",")),
       train_speakers_per_sentence=d.get("embedded_speakers_per_sentence", 2),
+      train_speakers_per_variant=d.get("embedded_speakers_per_variant", 1),
+      extra_training_variants=d.get("embedded_extra_training_variants", False),
       max_heldout=d.get("embedded_max_heldout", 0))
       for target in d.embedded_target.split(",")] if d.embedded else []
   if os.path.exists(os.path.join(d.prepared_dir, "prepared.json")):
