@@ -33,7 +33,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import machine  # noqa: E402
 from data_prep.cli_errors import load_config_file  # noqa: E402
-from data_prep.vocab import Vocabulary  # noqa: E402
+from data_prep.vocab import EOS_ID as EOS, PAD_ID as PAD, Vocabulary  # noqa: E402
 from multiformer_jax.evaluation.decode import beam_search  # noqa: E402
 from multiformer_jax.evaluation.metrics import corpus_bleu, label_smoothed_nll  # noqa: E402
 from multiformer_jax.model.decoder import Decoder, init_cache  # noqa: E402
@@ -43,7 +43,6 @@ from multiformer_jax.model.model_config import ModelConfig  # noqa: E402
 from multiformer_jax.model.positions import padded_positions  # noqa: E402
 from multiformer_jax.training.train import make_optimizer  # noqa: E402
 
-PAD, EOS = 1, 2
 
 
 class TextToText(nn.Module):
