@@ -126,6 +126,11 @@ def test_rebuilding_reuses_a_complete_build(built, monkeypatch):
     embedded_corpus.build(a, embedded_corpus.CorpusSpec(seed=1), progress=False)
 
 
+def _segments(plan, split):
+  """The segments of one split of a plan_direction plan, talk after talk."""
+  return [s for talk in plan[split] for s in talk]
+
+
 def test_more_training_speakers_per_variant_leave_the_rest_of_the_plan_alone(built):
   """train_speakers_per_variant: each training voice variant speaks with several (rate, pitch)
   speakers; the held-out splits, every sentence's variant and a build of the default spec
@@ -136,15 +141,13 @@ def test_more_training_speakers_per_variant_leave_the_rest_of_the_plan_alone(bui
   one = embedded_corpus.plan_direction(embedded_corpus.CorpusSpec(**kwargs), "en", "de", wheels)
   four = embedded_corpus.plan_direction(
       embedded_corpus.CorpusSpec(**kwargs, train_speakers_per_variant=4), "en", "de", wheels)
-  def segments(plan, split):
-    return [s for talk in plan[split] for s in talk]
   for split in ("dev", "tst-COMMON"):
-    assert segments(one, split) == segments(four, split)
-  by_variant = lambda plan: sorted((s.voice.variant, s.source) for s in segments(plan, "train"))
+    assert _segments(one, split) == _segments(four, split)
+  by_variant = lambda plan: sorted((s.voice.variant, s.source) for s in _segments(plan, "train"))
   assert by_variant(one) == by_variant(four)
-  speakers = {s.voice for s in segments(four, "train")}
+  speakers = {s.voice for s in _segments(four, "train")}
   variants = {v.variant for v in speakers}
-  assert len(speakers) > len(variants) == len({s.voice for s in segments(one, "train")})
+  assert len(speakers) > len(variants) == len({s.voice for s in _segments(one, "train")})
   assert all(sum(v.variant == variant for v in speakers) <= 4 for variant in variants)
   assert len({v.speaker_id for v in speakers}) == len(speakers)
   # The default's marker is unchanged; another number of speakers is another build.
@@ -194,12 +197,10 @@ def test_extra_training_variants_join_training_only():
                                          wheels)
   extra = embedded_corpus.plan_direction(
       embedded_corpus.CorpusSpec(**kwargs, extra_training_variants=True), "en", "de", wheels)
-  def segments(plan, split):
-    return [s for talk in plan[split] for s in talk]
   for split in ("dev", "tst-COMMON"):
-    assert segments(plain, split) == segments(extra, split)
-  train = segments(extra, "train")
-  assert sorted(s.source for s in train) == sorted(s.source for s in segments(plain, "train"))
+    assert _segments(plain, split) == _segments(extra, split)
+  train = _segments(extra, "train")
+  assert sorted(s.source for s in train) == sorted(s.source for s in _segments(plain, "train"))
   assert len({(s.voice, s.source) for s in train}) == len(train)   # two voices per sentence
   variants = {s.voice.variant for s in train}
   assert variants & set(embedded_corpus.EXTRA_TRAINING_VARIANTS)
@@ -209,5 +210,5 @@ def test_extra_training_variants_join_training_only():
   female = set(embedded_corpus.VARIANTS_BY_SEX["female"]) | set(
       embedded_corpus.EXTRA_TRAINING_VARIANTS_BY_SEX["female"])
   share = lambda segments: np.mean([s.voice.variant in female for s in segments])
-  assert abs(share(train) - share(segments(plain, "train"))) < 0.15
-  assert share(segments(plain, "train")) > 0.3
+  assert abs(share(train) - share(_segments(plain, "train"))) < 0.15
+  assert share(_segments(plain, "train")) > 0.3
