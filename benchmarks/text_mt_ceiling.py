@@ -7,9 +7,10 @@ Trains a text-to-text model on the prepared corpus's (transcript, translation) p
 source's ASR SentencePiece pieces embedded and run through `--encoder_layers` Transformer
 layers of full attention, then the config's decoder (its width, depth, heads and ST
 vocabulary), with the ST stage's label smoothing and optimizer (`train.make_optimizer`: its
-learning rate, schedule and warmup, decaying over `--updates`). Every `--eval_every` updates it reports the dev perplexity and
-BLEU with the evaluation's beam search (`decode.beam_search`, the config's beam and length
-penalty), and at the end tst-COMMON BLEU of the parameters with the lowest dev perplexity.
+learning rate, schedule and warmup, decaying over `--updates`). Every `--eval_every` updates
+it reports the dev perplexity and BLEU with the evaluation's beam search
+(`decode.beam_search`, the config's beam and length penalty), and at the end tst-COMMON BLEU
+of the parameters with the lowest dev perplexity.
 The speech model's ST stage cannot translate better than this text model does: the figure
 tells whether a BLEU target is within what the corpus's pairs teach a decoder of this size.
 """
