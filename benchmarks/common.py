@@ -24,7 +24,8 @@ def machine() -> dict:
           "device": getattr(device, "device_kind", str(device)),
           "devices": jax.device_count(), "cpu_count": os.cpu_count(),
           "python": platform.python_version(), "jax": jax.__version__,
-          "glibc_tunables": os.environ.get("GLIBC_TUNABLES", "")}
+          "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+          "xla_flags": os.environ.get("XLA_FLAGS", "")}
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:
       names = [l.split(":", 1)[1].strip() for l in f if l.startswith("model name")]

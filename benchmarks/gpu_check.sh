@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue 32 in one prepared run (docs/benchmarks.md, "GPU" sections):
-# the s2t_transformer_s update at the thesis's 320k-frame batch in bf16 (time, model-FLOP
-# utilisation, a profiler trace and the optimised HLO), the attention table in bf16 against
-# cuDNN flash attention, then the update without attention dropout (7 files in
-# all; about 7 minutes on an H200). Writes into $OUT (default
-# /tmp/gpu_check); ml_collections is installed from .whl/ when the machine lacks it.
+# The GPU measurements of issue 32 in one prepared run (docs/benchmarks.md, "GPU" sections).
+# STEPS picks and orders them (default: all five):
+#   update      the s2t_transformer_s update at the thesis's 320k-frame batch in bf16: time,
+#               model-FLOP utilisation, a profiler trace and the optimised HLO (~2 min)
+#   attention   the attention table in bf16 against cuDNN flash attention (~2 min)
+#   variants    the same update timed as is, and without attention dropout: our softmax, then
+#               cuDNN's fused attention (~4 min)
+#   encoder     the encoder's evaluation forward, our softmax against cuDNN: time and the
+#               largest difference of the outputs (~1 min)
+#   layer_norm  the update as is, with XLA's cuDNN layer-norm rewrite (~1.5 min)
+# STEPS="variants encoder layer_norm" is what the first three do not already hold in
+# docs/benchmarks/gpu/2026-11-26. Writes into $OUT (default /tmp/gpu_check); ml_collections is installed from .whl/ when the
+# machine lacks it.
 #
-#     bash benchmarks/gpu_check.sh
+#     STEPS="variants encoder" bash benchmarks/gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
+STEPS=${STEPS:-"update attention variants encoder layer_norm"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import ml_collections" 2>/dev/null; then
@@ -22,17 +30,44 @@ python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__versi
 # BATCH, FRAMES and LENGTHS make a small dry run of the same script on a CPU.
 STEP="--dtype bfloat16 --batch ${BATCH:-320} --frames ${FRAMES:-1000} --tokens 50 --steps 5 \
       --peak_size 8192 --memory_configs="
-echo "== 1. s2t_transformer_s update, batch 320 x 1000 frames, trace and HLO"
-python3 benchmarks/train_step.py --out "$OUT/train_step.jsonl" $STEP \
-    --configs s2t_transformer_s --trace_dir /tmp/trace
-python3 benchmarks/trace_summary.py /tmp/trace 60 > "$OUT/trace_top.txt"
-cp /tmp/trace/s2t_transformer_s.hlo.txt.gz "$OUT/"
-find /tmp/trace -name perfetto_trace.json.gz -exec cp {} "$OUT/" \;
-echo "== 2. attention, bf16, fwd+bwd, batch 8, 4 x 64, against cuDNN"
-python3 benchmarks/attention.py --out "$OUT/attention.jsonl" --dtype bfloat16 \
-    --lengths "${LENGTHS:-1024,4096,8192}" --max_dense_n 8192 \
-    --only "full,cudnn_full,dense_masked(129),cudnn_masked(129),local(129),kernel(256),full/blockwise(512)"
-echo "== 3. the update without attention dropout (what cuDNN's fused attention could replace)"
-python3 benchmarks/train_step.py --out "$OUT/train_step_no_attention_dropout.jsonl" $STEP \
-    --configs "s2t_transformer_s@attention_dropout=0.0"
-date -u
+MODEL_FLOPS=${MODEL_FLOPS:-10.74e12}   # docs/benchmarks/gpu/2026-11-26: counted on a CPU
+S=s2t_transformer_s
+
+update() {
+  echo "== update: $S, batch 320 x 1000 frames, trace and HLO"
+  python3 benchmarks/train_step.py --out "$OUT/train_step.jsonl" $STEP --configs $S \
+      --trace_dir /tmp/trace
+  python3 benchmarks/trace_summary.py /tmp/trace 60 > "$OUT/trace_top.txt"
+  cp /tmp/trace/$S.hlo.txt.gz "$OUT/"
+  find /tmp/trace -name perfetto_trace.json.gz -exec cp {} "$OUT/" \;
+}
+
+attention() {
+  echo "== attention, bf16, fwd+bwd, batch 8, 4 x 64, against cuDNN"
+  python3 benchmarks/attention.py --out "$OUT/attention.jsonl" --dtype bfloat16 \
+      --lengths "${LENGTHS:-1024,4096,8192}" --max_dense_n 8192 \
+      --only "full,cudnn_full,dense_masked(129),cudnn_masked(129),local(129),kernel(256),full/blockwise(512)"
+}
+
+variants() {
+  echo "== variants: as is; no attention dropout, our softmax; the same through cuDNN"
+  python3 benchmarks/train_step.py --out "$OUT/train_step_variants.jsonl" $STEP \
+      --flops $MODEL_FLOPS --configs "$S,$S@attention_dropout=0.0;attention_implementation=xla,$S@attention_dropout=0.0;attention_implementation=cudnn"
+}
+
+layer_norm() {
+  echo "== layer_norm: as is, with XLA's cuDNN layer-norm rewrite"
+  XLA_FLAGS="--xla_gpu_enable_cudnn_layer_norm=true" python3 benchmarks/train_step.py \
+      --out "$OUT/train_step_cudnn_layer_norm.jsonl" $STEP --flops $MODEL_FLOPS --configs $S
+}
+
+encoder() {
+  echo "== encoder: evaluation forward, batch 64 x 1000 frames (down to 500), xla vs cudnn"
+  python3 benchmarks/encoder_eval.py --out "$OUT/encoder_eval.jsonl" --dtype bfloat16 \
+      --batch ${EVAL_BATCH:-64} --frames ${FRAMES:-1000} --implementations xla,cudnn
+}
+
+for step in $STEPS; do
+  $step
+  date -u
+done

@@ -94,6 +94,7 @@ def model_flops(config, batch) -> float:
   backends than the CPU see flops_on_cpu."""
   counted = copy.deepcopy(config)
   counted.model.key_block_size, counted.model.ffn_token_chunk = 0, 0
+  counted.model.attention_implementation = "xla"   # the same function, countable on any backend
   for rate in DROPOUT_RATES:
     counted.model[rate] = 0.0
   with local_heads_in_one_chunk():
@@ -152,6 +153,10 @@ def main(argv=None):
                            "each timed config under this folder (summary: "
                            "benchmarks/trace_summary.py), and the compiled step's optimised "
                            "HLO (<config>.hlo.txt.gz: what each traced fusion computes)")
+  parser.add_argument("--flops", type=float, default=0.0,
+                      help="the model FLOPs of one update of every config of --configs, when "
+                           "already counted (their dropout and attention implementation do not "
+                           "change it): skips counting them")
   parser.add_argument("--materialise_residual_on_gpu", action="store_true",
                       help="materialise the residual stream's cotangent on a GPU as on the "
                            "CPU (multiformer_jax/model/dropout.py: add_residual)")
@@ -184,8 +189,12 @@ def main(argv=None):
       t0 = time.perf_counter()
       update = step.lower(state, batch, True, True).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
-      flops = (model_flops(config, batch) if jax.default_backend() == "cpu"
-               else flops_on_cpu(name, args))
+      if args.flops:
+        flops = args.flops
+      elif jax.default_backend() == "cpu":
+        flops = model_flops(config, batch)
+      else:
+        flops = flops_on_cpu(name, args)
       for _ in range(2):
         state, metrics = update(state, batch)
       jax.block_until_ready(metrics)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.model.attention.fused import IMPLEMENTATIONS
 from multiformer_jax.model.attention.kernel import REDRAW_POLICIES
 from multiformer_jax.model.head_selection import INFERENCE_MODES, STRATEGIES
 
@@ -57,6 +58,7 @@ class ModelConfig:
   local_block_size: int = 0
   key_block_size: int = AUTO
   ffn_token_chunk: int = AUTO
+  attention_implementation: str = "auto"   # full/conv heads: auto | xla | cudnn (fused.py)
   qkv_bias: bool = True
   dtype: str = "float32"
   max_target_positions: int = 1024
@@ -89,6 +91,9 @@ class ModelConfig:
   def validate(self):
     if self.dtype not in COMPUTE_DTYPES:
       raise ConfigError(f"model.dtype={self.dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+    if self.attention_implementation not in IMPLEMENTATIONS:
+      raise ConfigError(f"model.attention_implementation={self.attention_implementation!r}; "
+                        f"valid: {IMPLEMENTATIONS}")
     if self.kernel_redraw not in REDRAW_POLICIES:
       raise ConfigError(f"model.kernel_redraw={self.kernel_redraw!r}; valid: {REDRAW_POLICIES}")
     if len(self.conv_kernels) != len(self.conv_strides) or not self.conv_kernels:

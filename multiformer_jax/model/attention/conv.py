@@ -50,6 +50,7 @@ class ConvAttention(nn.Module):
   conv_type: str = "depthwise"
   attention_dropout: float = 0.0
   key_block_size: int = 0     # > 0: exact blockwise softmax over the compressed keys
+  implementation: str = "xla"  # auto | xla | cudnn (fused.py)
 
   def setup(self):
     self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type)
@@ -72,7 +73,7 @@ class ConvAttention(nn.Module):
     v_c = self.compress(self.conv_v, v, key_mask)
     mask_c = self.compressed_mask(key_mask, k_c.shape[1])
     return key_masked_attention(self, q, k_c, v_c, mask_c, self.key_block_size,
-                                self.dropout, deterministic)
+                                self.dropout, deterministic, self.implementation)
 
   def token_weights(self, q, k, key_mask):
     """[batch, heads, q_len, compressed_len]: weights over the *compressed* values; the

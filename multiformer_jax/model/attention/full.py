@@ -4,6 +4,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from multiformer_jax.model.attention.blockwise import blockwise_attention
+from multiformer_jax.model.attention.fused import prefix_key_attention, use_cudnn
 from multiformer_jax.model.attention.masks import masked_softmax
 from multiformer_jax.model.dropout import Dropout
 
@@ -32,12 +33,15 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
 
 
 def key_masked_attention(module: nn.Module, q, k, v, key_mask, key_block_size: int,
-                         dropout: Dropout, deterministic: bool):
-  """Softmax attention over the valid keys of key_mask [batch, k_len]: one dense softmax, or
-  blockwise over `key_block_size` keys (multiformer_jax/model/attention/blockwise.py) when > 0, its
+                         dropout: Dropout, deterministic: bool, implementation: str = "xla"):
+  """Softmax attention over the valid keys of a prefix key_mask [batch, k_len]: cuDNN's fused
+  attention where `implementation` picks it (multiformer_jax/model/attention/fused.py), else
+  one dense softmax, or blockwise over `key_block_size` keys (blockwise.py) when > 0, its
   dropout masks drawn from `module`'s dropout rng."""
+  rate = 0.0 if deterministic else dropout.rate
+  if use_cudnn(implementation, q, rate):
+    return prefix_key_attention(q, k, v, key_mask)
   if key_block_size:
-    rate = 0.0 if deterministic else dropout.rate
     rng = module.make_rng("dropout") if rate > 0.0 else None
     return blockwise_attention(q, k, v, key_mask, key_block_size, rate, rng)
   out, _ = softmax_attention(q, k, v, key_mask[:, None, None, :], dropout, deterministic)
@@ -48,11 +52,13 @@ class FullAttention(nn.Module):
   """Masked softmax attention; takes unscaled q, k, v of one head group."""
   attention_dropout: float = 0.0
   key_block_size: int = 0     # > 0: exact blockwise softmax, O(q_len x block) memory
+  implementation: str = "xla"  # auto | xla | cudnn (fused.py)
 
   @nn.compact
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     return key_masked_attention(self, q, k, v, key_mask, self.key_block_size,
-                                Dropout(self.attention_dropout), deterministic)
+                                Dropout(self.attention_dropout), deterministic,
+                                self.implementation)
 
   def token_weights(self, q, k, key_mask):
     """[batch, heads, q_len, k_len]: the weight of each value in each output (no dropout)."""

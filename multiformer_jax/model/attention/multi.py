@@ -25,10 +25,11 @@ from multiformer_jax.model.initializers import torch_default_bias, xavier_unifor
 
 
 def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed: int,
-                local_block_size: int, key_block_size: int, name: str) -> nn.Module:
+                local_block_size: int, key_block_size: int, implementation: str,
+                name: str) -> nn.Module:
   """The attention module of one head group."""
   if isinstance(kind, layout_lib.FullHeads):
-    return FullAttention(attention_dropout, key_block_size, name=name)
+    return FullAttention(attention_dropout, key_block_size, implementation, name=name)
   if isinstance(kind, layout_lib.LocalHeads):
     return LocalAttention(kind.window, kind.dilation, local_block_size, attention_dropout,
                           name=name)
@@ -36,7 +37,7 @@ def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed:
     return KernelAttention(kind.features, kernel_redraw, kernel_seed, name=name)
   if isinstance(kind, layout_lib.ConvHeads):
     return ConvAttention(kind.kernel, kind.stride, kind.conv_type, attention_dropout,
-                         key_block_size, name=name)
+                         key_block_size, implementation, name=name)
   raise TypeError(f"unknown head kind {kind!r}")
 
 
@@ -59,6 +60,7 @@ class MultiHeadMultiAttention(nn.Module):
   dtype: jnp.dtype = jnp.float32
   selected_heads: int = 0          # H of the layout's H' candidates; 0 = every head, no selection
   key_block_size: int = 0          # full and conv heads: blockwise softmax over this many keys
+  attention_implementation: str = "xla"   # full and conv heads: auto | xla | cudnn (fused.py)
 
   def setup(self):
     num_heads = sum(g.num_heads for g in self.layer_layout)
@@ -82,6 +84,7 @@ class MultiHeadMultiAttention(nn.Module):
     self.groups = [
         head_module(g.kind, self.attention_dropout, self.kernel_redraw,
                     self.kernel_seed * 1009 + i, self.local_block_size, self.key_block_size,
+                    self.attention_implementation,
                     group_name(i, g.kind))
         for i, g in enumerate(self.layer_layout)]
 
