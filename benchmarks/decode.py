@@ -29,6 +29,7 @@ from multiformer_jax import build_model, init_params
 from multiformer_jax.evaluation import decode  # noqa: E402
 from multiformer_jax.evaluation.inference import make_translate  # noqa: E402
 from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 
 def make_recompute_translate(model, beam: int, tokens: int):
@@ -96,4 +97,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
   use_huge_pages()
+  add_default_xla_flags()
   main()

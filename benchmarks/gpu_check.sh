@@ -8,9 +8,9 @@
 #               cuDNN's fused attention (~4 min)
 #   encoder     the encoder's evaluation forward, our softmax against cuDNN: time and the
 #               largest difference of the outputs (~1 min)
-#   layer_norm  the update as is, with XLA's cuDNN layer-norm rewrite (~1.5 min)
-# STEPS="variants encoder layer_norm" is what the first three do not already hold in
-# docs/benchmarks/gpu/2026-11-26. Writes into $OUT (default /tmp/gpu_check); ml_collections is installed from .whl/ when the
+#   layer_norm  the update as is, without XLA's cuDNN layer-norm rewrite, which the toolkit
+#               turns on where JAX's CUDA plugin is (runtime/xla_flags.py; ~1.5 min)
+# Writes into $OUT (default /tmp/gpu_check); ml_collections is installed from .whl/ when the
 # machine lacks it.
 #
 #     STEPS="variants encoder" bash benchmarks/gpu_check.sh
@@ -51,14 +51,15 @@ attention() {
 
 variants() {
   echo "== variants: as is; no attention dropout, our softmax; the same through cuDNN"
+  local no_dropout="$S@attention_dropout=0.0;attention_implementation"
   python3 benchmarks/train_step.py --out "$OUT/train_step_variants.jsonl" $STEP \
-      --flops $MODEL_FLOPS --configs "$S,$S@attention_dropout=0.0;attention_implementation=xla,$S@attention_dropout=0.0;attention_implementation=cudnn"
+      --flops $MODEL_FLOPS --configs "$S,$no_dropout=xla,$no_dropout=cudnn"
 }
 
 layer_norm() {
-  echo "== layer_norm: as is, with XLA's cuDNN layer-norm rewrite"
-  XLA_FLAGS="--xla_gpu_enable_cudnn_layer_norm=true" python3 benchmarks/train_step.py \
-      --out "$OUT/train_step_cudnn_layer_norm.jsonl" $STEP --flops $MODEL_FLOPS --configs $S
+  echo "== layer_norm: as is, without XLA's cuDNN layer-norm rewrite"
+  XLA_FLAGS="--xla_gpu_enable_cudnn_layer_norm=false" python3 benchmarks/train_step.py \
+      --out "$OUT/train_step_no_cudnn_layer_norm.jsonl" $STEP --flops $MODEL_FLOPS --configs $S
 }
 
 encoder() {

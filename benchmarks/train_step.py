@@ -44,6 +44,7 @@ from multiformer_jax.model import dropout as dropout_lib  # noqa: E402
 from multiformer_jax.model.model_config import DROPOUT_RATES  # noqa: E402
 from multiformer_jax.training.parallel import DataParallel  # noqa: E402
 from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 
 def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int):
@@ -239,4 +240,5 @@ def main(argv=None):
 
 if __name__ == "__main__":
   use_huge_pages()
+  add_default_xla_flags()
   main()

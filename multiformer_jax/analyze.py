@@ -3,7 +3,9 @@ options: multiformer_jax/analysis/analyze.py)."""
 
 from multiformer_jax.analysis.analyze import cli, main  # noqa: F401
 from multiformer_jax.runtime.host_memory import use_huge_pages
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 if __name__ == "__main__":
   use_huge_pages()
+  add_default_xla_flags()
   cli()
