@@ -65,14 +65,33 @@ def test_dilated_local_equals_dense_reference(window, dilation, length):
     np.testing.assert_allclose(out[b, :n], ref[b, :n], atol=2e-5)
 
 
-def test_local_wider_than_sequence_equals_full():
+@pytest.mark.parametrize("window", [2 * 19 + 1, 2 * 19 - 1, 2 * 19 - 3])
+def test_local_wider_than_sequence_equals_full(window):
+  """From window 2n - 1 on every key is in every window (computed as one softmax, without the
+  band); 2n - 3 leaves the first and last key out of each other's window."""
   length = 19
   q, k, v = qkv(2, length, 4, 8)
   mask = jnp.asarray(np.arange(length)[None] < np.array([[19], [11]]))
-  local = local_attention(q, k, v, mask, 2 * length + 1)
+  local = local_attention(q, k, v, mask, window)
+  ref = np_attention(q, k, v, band_mask([19, 11], length, window))
+  np.testing.assert_allclose(local[0], ref[0], atol=1e-5)
+  np.testing.assert_allclose(local[1, :11], ref[1, :11], atol=1e-5)
   full, _ = softmax_attention(q, k, v, mask[:, None, None, :])
-  np.testing.assert_allclose(local[0], full[0], atol=1e-5)
-  np.testing.assert_allclose(local[1, :11], full[1, :11], atol=1e-5)
+  assert np.allclose(local[0], full[0], atol=1e-5) == (window >= 2 * length - 1)
+
+
+def test_local_wider_than_sequence_drops_attention_weights():
+  """The one-softmax form keeps attention dropout: outputs change with the rng and average
+  back to the deterministic output."""
+  length = 9
+  q, k, v = qkv(1, length, 2, 8)
+  mask = jnp.ones((1, length), bool)
+  drop = jax.jit(lambda key: local_attention(q, k, v, mask, 17, dropout_rate=0.3,
+                                             dropout_rng=key))
+  keys = jax.random.split(jax.random.PRNGKey(0), 2000)
+  outs = jax.vmap(drop)(keys)
+  assert not np.allclose(outs[0], outs[1])
+  np.testing.assert_allclose(outs.mean(0), local_attention(q, k, v, mask, 17), atol=0.05)
 
 
 def local_keep_scales(rng, rate, shape, length, window, block, chunk_blocks):
@@ -277,6 +296,34 @@ def test_identity_conv_head_equals_full_head():
   b = conv.apply({"params": conv_params}, x, mask)
   np.testing.assert_allclose(a[0], b[0], atol=1e-5)
   np.testing.assert_allclose(a[1, :8], b[1, :8], atol=1e-5)
+
+
+@pytest.mark.parametrize("kernel, stride, length", [(5, 2, 13), (4, 2, 11), (7, 3, 20), (3, 1, 6),
+                                                    (1, 1, 5)])
+def test_depthwise_compression_equals_flax_grouped_conv(kernel, stride, length):
+  """DepthwiseConv1d: nn.Conv(feature_group_count=channels)'s parameters (names, shapes and
+  initial values) and function, values and gradients."""
+  import flax.linen as nn
+  from multiformer_jax.model.attention.conv import TimeCompression
+  from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
+  x = jnp.asarray(RNG.normal(size=(3, length, 8)), jnp.float32)
+  ours = TimeCompression(kernel, stride)
+  pad = kernel // 2
+
+  class Grouped(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Conv(8, (kernel,), strides=(stride,), padding=[(pad, pad)],
+                     feature_group_count=8, kernel_init=torch_default_kernel,
+                     bias_init=torch_default_bias(kernel), name="conv")(x)
+  params = ours.init(jax.random.PRNGKey(3), x)
+  reference = Grouped().init(jax.random.PRNGKey(3), x)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, params, reference)
+  loss = lambda module: lambda p, x: jnp.sum(jnp.sin(module.apply(p, x)))
+  np.testing.assert_allclose(ours.apply(params, x), Grouped().apply(params, x), atol=1e-6)
+  got = jax.grad(loss(ours), (0, 1))(params, x)
+  want = jax.grad(loss(Grouped()), (0, 1))(params, x)
+  jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), got, want)
 
 
 def test_conv_head_equals_numpy_reference():

@@ -10,11 +10,45 @@ never depends on its padding. `conv(1,1)` with an identity kernel is exactly `fu
 
 import flax.linen as nn
 import jax.numpy as jnp
+from jax import lax
 
 from multiformer_jax.model.attention.full import attention_weights, key_masked_attention
 from multiformer_jax.model.attention.masks import conv_output_lengths, lengths_to_mask
 from multiformer_jax.model.dropout import Dropout
 from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
+
+
+def depthwise_conv1d(x, kernel, bias, stride: int, pad: int):
+  """A depthwise Conv1d as a sum over its taps: x [n, time, channels], kernel [taps, 1, channels]
+  (nn.Conv's layout with one input channel per group), bias [channels] ->
+  [n, (time + 2 pad - taps) // stride + 1, channels].
+
+  The same function as nn.Conv(feature_group_count=channels), without XLA:CPU's grouped
+  convolution, which ran each of these at a few MFLOP/s (docs/benchmarks.md); a tap is a strided
+  slice, so forward and backward are elementwise passes."""
+  taps = kernel.shape[0]
+  x = jnp.pad(x, [(0, 0), (pad, pad), (0, 0)])
+  out_len = (x.shape[1] - taps) // stride + 1
+  out = bias
+  for t in range(taps):
+    tap = lax.slice_in_dim(x, t, t + stride * (out_len - 1) + 1, stride, axis=1)
+    out = out + tap * kernel[t, 0]
+  return out                                               # [n, out_len, channels]
+
+
+class DepthwiseConv1d(nn.Module):
+  """nn.Conv(channels, (kernel,), strides, padding, feature_group_count=channels)'s
+  parameters ('kernel' [kernel, 1, channels], 'bias' [channels], the same initialisation), and
+  its function through depthwise_conv1d."""
+  kernel: int
+  stride: int
+
+  @nn.compact
+  def __call__(self, x):
+    channels = x.shape[-1]
+    kernel = self.param("kernel", torch_default_kernel, (self.kernel, 1, channels))
+    bias = self.param("bias", torch_default_bias(self.kernel), (channels,))
+    return depthwise_conv1d(x, kernel, bias, self.stride, self.kernel // 2)
 
 
 class TimeCompression(nn.Module):
@@ -26,12 +60,13 @@ class TimeCompression(nn.Module):
   @nn.compact
   def __call__(self, x):
     channels = x.shape[-1]
-    groups = 1 if self.conv_type == "standard" else channels
-    fan_in = channels // groups * self.kernel
-    pad = self.kernel // 2
-    x = nn.Conv(channels, (self.kernel,), strides=(self.stride,), padding=[(pad, pad)],
-                feature_group_count=groups, kernel_init=torch_default_kernel,
-                bias_init=torch_default_bias(fan_in), name="conv")(x)
+    if self.conv_type == "standard":
+      pad = self.kernel // 2
+      x = nn.Conv(channels, (self.kernel,), strides=(self.stride,), padding=[(pad, pad)],
+                  kernel_init=torch_default_kernel,
+                  bias_init=torch_default_bias(channels * self.kernel), name="conv")(x)
+    else:
+      x = DepthwiseConv1d(self.kernel, self.stride, name="conv")(x)
     if self.conv_type == "separable":
       x = nn.Conv(channels, (1,), kernel_init=torch_default_kernel,
                   bias_init=torch_default_bias(channels), name="pointwise")(x)

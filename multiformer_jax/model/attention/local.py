@@ -12,6 +12,10 @@ blockwise.py does for full attention); the backward recomputes each chunk's weig
 temporaries are O(n * head_dim) plus one chunk's [chunk, block + 2*radius] weights, not the
 whole band's weights, windows and dropout masks. Attention dropout is applied to the normalised
 weights of each chunk with a mask from `fold_in(rng, chunk index)`, regenerated in the backward.
+
+A window that reaches every key from every query (w//2 >= n - 1, dilation 1: e.g. local(65) on
+the quickstart's 26-position encoder) is softmax attention over the valid keys, and is
+computed as that, in one key block (blockwise.py), instead of against block + 2*radius keys.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from multiformer_jax.model.attention.blockwise import checked_dropout_rng, dropout_keep_mask
+from multiformer_jax.model.attention.blockwise import (blockwise_attention, checked_dropout_rng,
+                                                      dropout_keep_mask)
 from multiformer_jax.model.attention.full import attention_weights
 from multiformer_jax.model.attention.masks import MASKED_LOGIT
 
@@ -224,6 +229,10 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
     out = out.reshape(batch, dilation, padded_len // dilation, heads, head_dim)
     out = jnp.swapaxes(out, 1, 2).reshape(batch, padded_len, heads, head_dim)
     return out[:, :length]
+  if window // 2 >= length - 1:
+    # Every key is in every query's window: softmax attention over the valid keys, in one key
+    # block (blockwise.py), without the band's padding to block + 2 * radius keys.
+    return blockwise_attention(q, k, v, key_mask, length, dropout_rate, dropout_rng)
   block = block_size or default_block_size(window // 2, length)
   return _banded(q, k, v, key_mask.astype(bool), dropout_rng, window, block,
                  float(dropout_rate))
