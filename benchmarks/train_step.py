@@ -169,7 +169,7 @@ def main(argv=None):
     for name in args.configs.split(","):
       config = load_config(name, args.dtype)
       batch = abstract(make_batch(args.batch, args.frames, args.tokens, config.model.input_dim,
-                                  8000))
+                                  config.model.vocab_size))
       results.add(config=name, layout=config.model.encoder_layout,
                   batch=f"{args.batch} x {args.frames} frames, {args.tokens} tokens",
                   flops=model_flops(config, batch))
@@ -186,7 +186,7 @@ def main(argv=None):
       config = load_config(name, args.dtype)
       model, step, state, dp = setup(config)
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
-                                  config.model.input_dim, 8000))
+                                  config.model.input_dim, config.model.vocab_size))
       t0 = time.perf_counter()
       update = step.lower(state, batch, True, True).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
@@ -228,7 +228,7 @@ def main(argv=None):
     config = load_config(name, args.dtype)
     model, step, state, dp = setup(config)
     batch = abstract(make_batch(args.memory_batch, args.memory_frames, 2 * args.tokens,
-                                config.model.input_dim, 8000))
+                                config.model.input_dim, config.model.vocab_size))
     memory = step_stats(step, abstract(state), batch)
     total = memory["temp_bytes"] + memory["argument_bytes"] + memory["output_bytes"] - \
         memory["alias_bytes"]
