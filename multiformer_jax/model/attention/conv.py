@@ -23,8 +23,8 @@ def depthwise_conv1d(x, kernel, bias, stride: int, pad: int):
   (nn.Conv's layout with one input channel per group), bias [channels] ->
   [n, (time + 2 pad - taps) // stride + 1, channels].
 
-  The same function as nn.Conv(feature_group_count=channels), without XLA:CPU's grouped
-  convolution, which ran each of these at a few MFLOP/s (docs/benchmarks.md); a tap is a strided
+  The same function as nn.Conv(feature_group_count=channels), without a grouped convolution,
+  which XLA:CPU runs slowly at these shapes (docs/benchmarks_notes.md); a tap is a strided
   slice, so forward and backward are elementwise passes."""
   taps = kernel.shape[0]
   x = jnp.pad(x, [(0, 0), (pad, pad), (0, 0)])
