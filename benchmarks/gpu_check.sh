@@ -30,7 +30,9 @@ python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__versi
 # BATCH, FRAMES and LENGTHS make a small dry run of the same script on a CPU.
 STEP="--dtype bfloat16 --batch ${BATCH:-320} --frames ${FRAMES:-1000} --tokens 50 --steps 5 \
       --peak_size 8192 --memory_configs="
-MODEL_FLOPS=${MODEL_FLOPS:-10.74e12}   # docs/benchmarks/gpu/2026-11-26: counted on a CPU
+# The variants' model FLOPs: those of the 320 x 1000 update, counted on a CPU
+# (docs/benchmarks/gpu/2026-11-26), or counted again for another BATCH or FRAMES.
+if [ -z "${BATCH:-}${FRAMES:-}" ]; then FLOPS="--flops ${MODEL_FLOPS:-10.74e12}"; else FLOPS=""; fi
 S=s2t_transformer_s
 
 update() {
@@ -53,13 +55,13 @@ variants() {
   echo "== variants: as is; no attention dropout, our softmax; the same through cuDNN"
   local no_dropout="$S@attention_dropout=0.0;attention_implementation"
   python3 benchmarks/train_step.py --out "$OUT/train_step_variants.jsonl" $STEP \
-      --flops $MODEL_FLOPS --configs "$S,$no_dropout=xla,$no_dropout=cudnn"
+      $FLOPS --configs "$S,$no_dropout=xla,$no_dropout=cudnn"
 }
 
 layer_norm() {
   echo "== layer_norm: as is, without XLA's cuDNN layer-norm rewrite"
   XLA_FLAGS="--xla_gpu_enable_cudnn_layer_norm=false" python3 benchmarks/train_step.py \
-      --out "$OUT/train_step_no_cudnn_layer_norm.jsonl" $STEP --flops $MODEL_FLOPS --configs $S
+      --out "$OUT/train_step_no_cudnn_layer_norm.jsonl" $STEP $FLOPS --configs $S
 }
 
 encoder() {

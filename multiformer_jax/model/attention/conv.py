@@ -27,8 +27,8 @@ def depthwise_conv1d(x, kernel, bias, stride: int, pad: int):
   which XLA:CPU runs slowly at these shapes (docs/benchmarks_notes.md); a tap is a strided
   slice, so forward and backward are elementwise passes."""
   taps = kernel.shape[0]
+  out_len = conv_output_lengths(x.shape[1], taps, stride, pad)
   x = jnp.pad(x, [(0, 0), (pad, pad), (0, 0)])
-  out_len = (x.shape[1] - taps) // stride + 1
   out = bias
   for t in range(taps):
     tap = lax.slice_in_dim(x, t, t + stride * (out_len - 1) + 1, stride, axis=1)
