@@ -109,7 +109,9 @@ def get_config(arg=None):
   d.num_buckets = 8            # distinct batch shapes (compilations) per split
   d.max_source_frames = 3000
   d.cmvn = "utterance"         # utterance | global | none
-  d.specaugment = True         # fairseq "lb" policy, training split only
+  d.specaugment = True         # training split only
+  d.specaugment_policy = "lb"  # lb | ld | sm | ss (the SpecAugment paper's, fairseq's names),
+                               # then optional overrides: "sm,time_mask_p=0.1"
   d.loader_workers = -1        # background processes assembling training batches; 0 = in the
                                # training loop; -1 = by backend: 0 on CPU (they would take the
                                # step's cores), min(8, cores / 2) with an accelerator

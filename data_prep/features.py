@@ -102,12 +102,46 @@ def global_cmvn(features: np.ndarray, mean: np.ndarray, std: np.ndarray) -> np.n
 
 @dataclasses.dataclass(frozen=True)
 class SpecAugment:
-  """fairseq's SpecAugmentTransform; defaults are the "lb" policy of the S2T recipe."""
+  """fairseq's SpecAugmentTransform without time warping; defaults are the "lb" policy of the
+  S2T recipe. A time mask is at most `time_mask_t` frames and at most `time_mask_p` of the
+  utterance, so policies with p < 1 scale their masks to short utterances."""
   freq_mask_n: int = 1
   freq_mask_f: int = 27
   time_mask_n: int = 1
   time_mask_t: int = 100
   time_mask_p: float = 1.0
+
+  def __post_init__(self):
+    for name in ("freq_mask_n", "freq_mask_f", "time_mask_n", "time_mask_t"):
+      value = getattr(self, name)
+      if not isinstance(value, int) or value < 0:
+        raise ValueError(f"SpecAugment {name}={value!r}; valid: an integer >= 0")
+    if not 0.0 <= self.time_mask_p <= 1.0:
+      raise ValueError(f"SpecAugment time_mask_p={self.time_mask_p!r}; valid: 0 <= p <= 1")
+
+  @classmethod
+  def from_policy(cls, policy: str) -> "SpecAugment":
+    """A named policy of the SpecAugment paper (fairseq's prep scripts: lb, ld, sm, ss),
+    optionally followed by field overrides: "sm" or "sm,time_mask_p=0.1,time_mask_n=1"."""
+    name, *overrides = [part.strip() for part in policy.split(",")]
+    if name not in SPECAUGMENT_POLICIES:
+      raise ValueError(f"SpecAugment policy {policy!r}: {name!r} is not a policy; valid: "
+                       f"{', '.join(SPECAUGMENT_POLICIES)}, each optionally followed by "
+                       f"',field=value' with fields {', '.join(SPECAUGMENT_FIELDS)}")
+    fields = dict(SPECAUGMENT_POLICIES[name])
+    for item in overrides:
+      key, sep, value = item.partition("=")
+      key = key.strip()
+      if not sep or key not in SPECAUGMENT_FIELDS:
+        raise ValueError(f"SpecAugment policy {policy!r}: {item!r} is not field=value; valid "
+                         f"fields: {', '.join(SPECAUGMENT_FIELDS)}")
+      kind = float if key == "time_mask_p" else int
+      try:
+        fields[key] = kind(value)
+      except ValueError:
+        raise ValueError(f"SpecAugment policy {policy!r}: {key}={value!r} is not "
+                         f"{'a number' if kind is float else 'an integer'}") from None
+    return cls(**fields)
 
   def __call__(self, features: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Masks with the spectrogram's mean; randomness only from `rng` (seeded by the caller
@@ -129,3 +163,14 @@ class SpecAugment:
       if t:
         out[t0:t0 + t, :] = value
     return out
+
+
+# The policies of the SpecAugment paper (Park et al., 2019, table 1) as fairseq's S2T prep
+# scripts name them, less time warping (W: fairseq warps with cv2; this transform does not).
+SPECAUGMENT_POLICIES = {
+    "lb": dict(freq_mask_n=1, freq_mask_f=27, time_mask_n=1, time_mask_t=100, time_mask_p=1.0),
+    "ld": dict(freq_mask_n=2, freq_mask_f=27, time_mask_n=2, time_mask_t=100, time_mask_p=1.0),
+    "sm": dict(freq_mask_n=2, freq_mask_f=15, time_mask_n=2, time_mask_t=70, time_mask_p=0.2),
+    "ss": dict(freq_mask_n=2, freq_mask_f=27, time_mask_n=2, time_mask_t=70, time_mask_p=0.2),
+}
+SPECAUGMENT_FIELDS = tuple(f.name for f in dataclasses.fields(SpecAugment))

@@ -29,7 +29,8 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       num_buckets=d.num_buckets if split_kind != "test" else config.eval.num_buckets,
       max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
-      specaugment=d.specaugment and split_kind == "train", seed=d.seed,
+      specaugment=d.specaugment and split_kind == "train",
+      specaugment_policy=d.specaugment_policy, seed=d.seed,
       target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 
 

@@ -2,7 +2,9 @@
 MuST-C-layout corpus built here (tones and noise, with every kind of bad input)."""
 
 import json
+import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -56,6 +58,40 @@ def test_utterance_cmvn_and_specaugment():
   # Only whole masked rows and columns change, and they carry the spectrogram's mean.
   changed = a != y
   assert np.all(changed <= (masked_rows[:, None] | masked_cols[None, :]))
+
+
+def test_specaugment_policies():
+  # The SpecAugment paper's table 1 (W omitted): F, m_F, T, p, m_T.
+  paper = {"lb": (27, 1, 100, 1.0, 1), "ld": (27, 2, 100, 1.0, 2),
+           "sm": (15, 2, 70, 0.2, 2), "ss": (27, 2, 70, 0.2, 2)}
+  for name, (f, m_f, t, p, m_t) in paper.items():
+    assert SpecAugment.from_policy(name) == SpecAugment(
+        freq_mask_n=m_f, freq_mask_f=f, time_mask_n=m_t, time_mask_t=t, time_mask_p=p)
+  assert SpecAugment.from_policy("lb") == SpecAugment()
+  assert SpecAugment.from_policy(" sm, time_mask_p=0.1,time_mask_n=1") == SpecAugment(
+      freq_mask_n=2, freq_mask_f=15, time_mask_n=1, time_mask_t=70, time_mask_p=0.1)
+  for bad, named in (("xl", "'xl' is not a policy"), ("sm,time_mask=3", "'time_mask=3'"),
+                     ("sm,time_mask_n=two", "time_mask_n='two'"),
+                     ("sm,time_mask_p=1.5", "time_mask_p=1.5"),
+                     ("sm,freq_mask_f=-1", "freq_mask_f=-1")):
+    with pytest.raises(ValueError, match=re.escape(named)):
+      SpecAugment.from_policy(bad)
+  with pytest.raises(ValueError, match="data.specaugment_policy"):
+    ip.PipelineConfig(prepared_dir="unused", specaugment_policy="xl")
+
+
+def test_specaugment_time_masks_scale_with_length():
+  """With p < 1 no time mask exceeds p of the utterance: max_t = min(T, floor(p * frames)),
+  and a mask of t frames draws t from [0, max_t) (fairseq's SpecAugmentTransform)."""
+  policy = SpecAugment.from_policy("sm,freq_mask_n=0,time_mask_n=1")
+  for frames in (9, 40, 120, 400):
+    x = RNG.normal(size=(frames, 80)).astype(np.float32)
+    widths = []
+    for seed in range(200):
+      masked_rows = (policy(x, np.random.default_rng(seed)) == x.mean()).all(1)
+      widths.append(int(masked_rows.sum()))
+    max_t = min(70, math.floor(0.2 * frames))
+    assert max(widths) == max(max_t - 1, 0)       # t is drawn below max_t; frames 9: no mask
 
 
 def test_mustc_reader_round_trip(prepared):
@@ -180,6 +216,26 @@ def test_processes_take_disjoint_slices_of_each_global_batch(prepared):
   bucket, indices = batchers[0].epoch_plan(0)[0]
   parts = [b.assemble(bucket, indices, 0)["index"] for b in batchers]
   np.testing.assert_array_equal(np.concatenate(parts), indices)
+
+
+def test_training_batches_apply_the_configured_specaugment_policy(prepared):
+  _, out = prepared
+  policy = "ss,time_mask_p=0.5"
+  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4,
+                             specaugment_policy=policy, seed=4)
+  data = ip.SplitData(config, "train")
+  batcher = ip.Batcher(data, True, 1, 0, 1)
+  assert batcher.spec_augment == SpecAugment.from_policy(policy)
+  bucket, indices = batcher.epoch_plan(2)[0]
+  batch = batcher.assemble(bucket, indices, 2)
+  for row, i in enumerate(batch["index"]):
+    if i < 0:
+      continue
+    clean = ip.apply_cmvn(data.fbank(i), config.cmvn)
+    expected = SpecAugment.from_policy(policy)(clean, np.random.default_rng([4, 2, int(i)]))
+    np.testing.assert_array_equal(batch["features"][row, :len(clean)], expected)
+  evaluation = ip.Batcher(ip.SplitData(config, "dev"), False, 1, 0, 1)
+  assert evaluation.spec_augment is None
 
 
 def test_targets_are_tokens_plus_eos_and_decode_back(prepared):

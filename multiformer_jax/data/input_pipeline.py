@@ -62,6 +62,7 @@ class PipelineConfig:
   max_target_tokens: int = 1023    # tokens before EOS (decoder max positions - 1)
   cmvn: str = "utterance"
   specaugment: bool = True         # training split only
+  specaugment_policy: str = "lb"   # data_prep.features.SpecAugment.from_policy
   seed: int = 0
   target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
   pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the task uses them)
@@ -71,6 +72,10 @@ class PipelineConfig:
       raise ValueError(f"data task {self.task!r}; valid: {TASKS}")
     if self.cmvn not in CMVN_MODES:
       raise ValueError(f"data.cmvn={self.cmvn!r}; valid: {CMVN_MODES}")
+    try:
+      features_lib.SpecAugment.from_policy(self.specaugment_policy)
+    except ValueError as e:
+      raise ValueError(f"data.specaugment_policy: {e}") from None
 
 
 def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
@@ -280,7 +285,8 @@ class Batcher:
       size = max(multiple, (cfg.max_frames // int(frames)) // multiple * multiple)
       self.buckets.append(Bucket(int(frames), tokens, size))
     self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
-    self.spec_augment = features_lib.SpecAugment() if (train and cfg.specaugment) else None
+    self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)
+                         if (train and cfg.specaugment) else None)
 
   @property
   def shapes(self) -> list[tuple[int, int, int]]:
