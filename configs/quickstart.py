@@ -76,8 +76,8 @@ def get_config(arg=None):
 
 
 def long(config):
-  """The 60-minute variant: SpecAugment's "sm" policy (two time masks of at most 20% of the
-  utterance, two frequency masks of at most 15 bins) in both stages, and more updates. The ASR
+  """The 60-minute variant: SpecAugment's "sm" policy (two time masks of under 20% of the
+  utterance, two frequency masks of up to 14 bins) in both stages, and more updates. The ASR
   dev WER still falls at 24000 updates; the ST dev loss was lowest at update 6000 in every
   longer ST stage, so the ST schedule ends there (docs/quickstart.md)."""
   config.data.specaugment = True
