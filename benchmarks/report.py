@@ -212,11 +212,13 @@ def attention_section(directory, plot_dir):
                   f"{torch_rows[0].get('threads')} threads, in a separate environment, "
                   f"{_allocator(torch_meta_row)}, lucidrains without rotary embeddings "
                   f"(the function `local(129)` computes).")
-  rerun = meta.get("rerun")
-  if rerun:
+  reruns = meta.get("rerun") or []
+  for rerun in reruns if isinstance(reruns, list) else [reruns]:
     commands = "; ".join(f"`{_cmd(c)}`" for c in rerun["commands"])
     torch_meta += (f" Rows of {', '.join(rerun['kinds'])}: remeasured {rerun['date']} "
-                   f"({commands}), the others on the date above.")
+                   f"({commands}).")
+  if reruns:
+    torch_meta += " The others: the date above."
   text = f"""## Attention kinds
 
 Machine: {_machine(meta)}; JAX with {_allocator(meta)}.{torch_meta}
