@@ -80,6 +80,19 @@ def test_specaugment_policies():
     ip.PipelineConfig(prepared_dir="unused", specaugment_policy="xl")
 
 
+def test_pipeline_config_takes_the_policy_and_reads_saved_configs_without_it():
+  import ml_collections
+  from configs import default
+  from multiformer_jax import experiment
+  config = default.get_config()
+  config.data.specaugment_policy = "sm"
+  assert experiment.pipeline_config(config, "asr").specaugment_policy == "sm"
+  saved = json.loads(config.to_json_best_effort())
+  del saved["data"]["specaugment_policy"]                 # a run's config.json without the key
+  older = ml_collections.ConfigDict(saved)
+  assert experiment.pipeline_config(older, "asr").specaugment_policy == "lb"
+
+
 def test_specaugment_time_masks_scale_with_length():
   """With p < 1 no time mask exceeds p of the utterance: max_t = min(T, floor(p * frames)),
   and a mask of t frames draws t from [0, max_t) (fairseq's SpecAugmentTransform)."""
