@@ -212,8 +212,8 @@ def attention_section(directory, plot_dir):
                   f"{torch_rows[0].get('threads')} threads, in a separate environment, "
                   f"{_allocator(torch_meta_row)}, lucidrains without rotary embeddings "
                   f"(the function `local(129)` computes).")
-  reruns = meta.get("rerun") or []
-  for rerun in reruns if isinstance(reruns, list) else [reruns]:
+  reruns = meta.get("rerun", [])
+  for rerun in reruns:
     commands = "; ".join(f"`{_cmd(c)}`" for c in rerun["commands"])
     torch_meta += (f" Rows of {', '.join(rerun['kinds'])}: remeasured {rerun['date']} "
                    f"({commands}).")

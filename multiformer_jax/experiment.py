@@ -30,7 +30,8 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
       specaugment=d.specaugment and split_kind == "train",
-      specaugment_policy=d.get("specaugment_policy", "lb"),   # a saved config may lack it
+      # A run's saved config may predate the key: it then trained with the pipeline's default.
+      specaugment_policy=d.get("specaugment_policy", ip.PipelineConfig.specaugment_policy),
       seed=d.seed,
       target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 
