@@ -269,9 +269,10 @@ def test_two_corpora_prepare_as_one_multi_domain_dataset(tmp_path):
       text = f.read().replace(".wav}", ".flac}")
     with open(yaml_path, "w", encoding="utf-8") as f:
       f.write(text)
-  for split, talks in (("train", 3), ("dev", 1)):
+  for split, talks in (("train", 3), ("dev", 1)):     # the splits share audios/: unique names
     _write_europarl(europarl, "es-en", split, {
-        f"t{i}": (lambda segs, end: (end, segs))(*_good_segments(4)) for i in range(talks)})
+        f"{split}{i}": (lambda segs, end: (end, segs))(*_good_segments(4))
+        for i in range(talks)})
   out = str(tmp_path / "prepared")
   summary = prepare.prepare("mtedx,europarl_st", f"{mtedx},{europarl}", ["es-en"], out,
                             ["train", "dev"], asr_vocab=40, st_vocab=40, workers=1,
