@@ -1,4 +1,4 @@
-"""Kaldi-compatible log-mel filterbank features, CMVN and SpecAugment (fairseq's recipe).
+"""Kaldi-compatible log-mel filterbank features, CMVN, SpecAugment (fairseq's recipe) and VTLP.
 
 fbank: Kaldi's compute-fbank-feats as fairseq uses it (torchaudio's kaldi.fbank): 80 bins from
 20 Hz to Nyquist, 25 ms window / 10 ms shift (snip edges), DC offset removed, pre-emphasis 0.97,
@@ -174,3 +174,58 @@ SPECAUGMENT_POLICIES = {
     "ss": dict(freq_mask_n=2, freq_mask_f=27, time_mask_n=2, time_mask_t=70, time_mask_p=0.2),
 }
 SPECAUGMENT_FIELDS = tuple(f.name for f in dataclasses.fields(SpecAugment))
+
+
+VTLP_BOUNDARY_HZ = 4800.0   # Jaitly & Hinton's F_hi
+
+
+def vtlp_warp_hz(hz, alpha: float, sample_rate: int = 16000):
+  """Jaitly & Hinton's (2013) VTLP frequency warp: f -> alpha * f up to the boundary
+  F_hi * min(alpha, 1) / alpha, then the straight line to Nyquist, which stays fixed."""
+  nyquist = sample_rate / 2
+  knee = VTLP_BOUNDARY_HZ * min(alpha, 1.0)
+  hz = np.asarray(hz, np.float64)
+  upper = nyquist - (nyquist - knee) / (nyquist - knee / alpha) * (nyquist - hz)
+  return np.where(hz <= knee / alpha, alpha * hz, upper)
+
+
+@functools.lru_cache(maxsize=256)
+def _vtlp_interpolation(alpha: float, sample_rate: int, num_mel_bins: int):
+  """(lower, upper, weight), each [bins]: warped bin k is (1 - weight) * source bin lower +
+  weight * source bin upper, the linear interpolation on the mel scale of the source bins
+  placed at their warped centre frequencies, read at the unwarped centres (clamped to the first
+  or last source bin beyond them)."""
+  mel_low, mel_high = _mel(LOW_FREQ), _mel(sample_rate / 2)
+  delta = (mel_high - mel_low) / (num_mel_bins + 1)
+  centre_mels = mel_low + (np.arange(num_mel_bins) + 1) * delta
+  centre_hz = 700.0 * (np.exp(centre_mels / 1127.0) - 1.0)
+  warped_mels = _mel(vtlp_warp_hz(centre_hz, alpha, sample_rate))    # increasing in the bin
+  position = np.interp(centre_mels, warped_mels, np.arange(num_mel_bins, dtype=np.float64))
+  lower = np.minimum(np.floor(position).astype(np.int64), num_mel_bins - 1)
+  upper = np.minimum(lower + 1, num_mel_bins - 1)
+  return lower, upper, (position - lower).astype(np.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class VTLP:
+  """Vocal tract length perturbation on stored log-mel features: each utterance's frequency
+  axis is warped by alpha ~ U[1 - max_warp, 1 + max_warp] with Jaitly & Hinton's (2013)
+  piecewise-linear warp (alpha > 1 moves formants up, as a shorter vocal tract does). Applied to
+  the features rather than the spectrum, by interpolating the mel bins: log-energies at the
+  warped bin centres. Training only; it makes a model less sensitive to the speaker's voice.
+  Alpha is quantised to 1/1000 so that warp matrices are reused."""
+  max_warp: float = 0.1
+  sample_rate: int = 16000
+
+  def __post_init__(self):
+    if not 0.0 <= self.max_warp < 0.5:
+      raise ValueError(f"VTLP max_warp={self.max_warp!r}; valid: 0 <= max_warp < 0.5 "
+                       f"(Jaitly & Hinton draw alpha from [0.9, 1.1]: 0.1)")
+
+  def __call__(self, features: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[frames, bins] log-mel energies (before CMVN) -> the same, warped."""
+    alpha = round(float(rng.uniform(1.0 - self.max_warp, 1.0 + self.max_warp)), 3)
+    if alpha == 1.0:
+      return features
+    lower, upper, weight = _vtlp_interpolation(alpha, self.sample_rate, features.shape[1])
+    return features[:, lower] + weight * (features[:, upper] - features[:, lower])

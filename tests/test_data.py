@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data_prep import corpora, prepare
-from data_prep.features import SpecAugment, fbank, utterance_cmvn
+from data_prep.features import VTLP, SpecAugment, fbank, utterance_cmvn
 from multiformer_jax.data import input_pipeline as ip
 from tests.kaldi_reference import kaldi_fbank
 
@@ -105,6 +105,81 @@ def test_specaugment_time_masks_scale_with_length():
       widths.append(int(masked_rows.sum()))
     max_t = min(70, math.floor(0.2 * frames))
     assert max(widths) == max(max_t - 1, 0)       # t is drawn below max_t; frames 9: no mask
+
+
+class _FixedAlpha:
+  """An rng whose uniform draw is `alpha`: VTLP with a chosen warp."""
+
+  def __init__(self, alpha):
+    self.alpha = alpha
+
+  def uniform(self, low, high):
+    assert low <= self.alpha <= high
+    return self.alpha
+
+
+def test_vtlp_warp_is_jaitly_and_hintons_piecewise_linear_map():
+  from data_prep.features import vtlp_warp_hz
+  for alpha in (0.9, 1.1):
+    knee = 4800.0 * min(alpha, 1.0)
+    hz = np.array([0.0, 1000.0, knee / alpha, 8000.0])
+    np.testing.assert_allclose(vtlp_warp_hz(hz, alpha), [0.0, 1000.0 * alpha, knee, 8000.0])
+    grid = np.linspace(0, 8000, 1001)
+    assert np.all(np.diff(vtlp_warp_hz(grid, alpha)) > 0)           # monotone, Nyquist fixed
+
+
+def test_vtlp_moves_a_tone_to_the_warped_frequency():
+  """The warped log-mel features of a tone at f are close to the features of the tone at
+  alpha * f (below the warp's knee): the peak moves by the same 1-3 bins (to within the one
+  bin that interpolating between bin centres can cost), and the mean distance to the moved
+  tone's features drops by at least a quarter."""
+  t = np.arange(16000) / 16000
+  tone = lambda hz: fbank(0.5 * np.sin(2 * np.pi * hz * t))
+  for alpha in (0.9, 1.1):
+    for hz in (700.0, 1500.0, 3000.0):
+      original, moved = tone(hz), tone(alpha * hz)
+      warped = VTLP(0.1)(original, _FixedAlpha(alpha))
+      peak = lambda x: int(x.mean(0).argmax())
+      assert abs(peak(moved) - peak(original)) >= 1
+      assert abs(peak(warped) - peak(moved)) <= 1 and peak(warped) != peak(original)
+      assert np.abs(warped - moved).mean() < 0.75 * np.abs(original - moved).mean()
+  x = RNG.normal(size=(30, 80)).astype(np.float32)
+  np.testing.assert_array_equal(VTLP(0.1)(x, _FixedAlpha(1.0)), x)
+  # Interpolation: each warped bin is a convex combination of source bins.
+  constant = np.full((5, 80), 3.0, np.float32)
+  np.testing.assert_allclose(VTLP(0.1)(constant, _FixedAlpha(0.93)), constant, rtol=1e-6)
+  for bad in (-0.1, 0.5, 2.0):
+    with pytest.raises(ValueError, match=f"max_warp={bad}"):
+      VTLP(bad)
+  with pytest.raises(ValueError, match="data.vtlp_warp"):
+    ip.PipelineConfig(prepared_dir="unused", vtlp_warp=0.7)
+
+
+def test_training_batches_apply_vtlp_before_cmvn_and_evaluation_none(prepared):
+  from configs import default
+  from multiformer_jax import experiment
+  _, out = prepared
+  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4,
+                             specaugment=False, vtlp_warp=0.1, seed=4)
+  batcher = ip.Batcher(ip.SplitData(config, "train"), True, 1, 0, 1)
+  bucket, indices = batcher.epoch_plan(1)[0]
+  batch = batcher.assemble(bucket, indices, 1)
+  alphas = set()
+  for row, i in enumerate(batch["index"]):
+    if i < 0:
+      continue
+    rng = np.random.default_rng([4, 1, int(i), ip.VTLP_STREAM])
+    alphas.add(round(float(np.random.default_rng([4, 1, int(i), ip.VTLP_STREAM]).uniform(
+        0.9, 1.1)), 3))
+    raw = batcher.data.fbank(i)
+    expected = ip.apply_cmvn(VTLP(0.1)(raw, rng), config.cmvn)
+    np.testing.assert_allclose(batch["features"][row, :len(raw)], expected, atol=1e-6)
+  assert len(alphas) > 1
+  assert ip.Batcher(ip.SplitData(config, "dev"), False, 1, 0, 1).vtlp is None
+  full = default.get_config()
+  full.data.vtlp_warp = 0.08
+  assert experiment.pipeline_config(full, "asr").vtlp_warp == 0.08
+  assert experiment.pipeline_config(full, "asr", "test").vtlp_warp == 0.0
 
 
 def test_mustc_reader_round_trip(prepared):

@@ -8,8 +8,8 @@ is not full is filled with padding examples of weight 0.
 
 The order is a pure function of (seed, epoch): the iterator state is (epoch, batches consumed),
 so a resumed run continues with exactly the next batch. Every JAX process computes the same
-global plan and takes its own contiguous slice of each batch. SpecAugment (training only) draws
-from a generator seeded by (seed, epoch, utterance), so a resumed run sees the same masks.
+global plan and takes its own contiguous slice of each batch. SpecAugment and VTLP (training only) draw
+from generators seeded by (seed, epoch, utterance), so a resumed run sees the same masks and warps.
 Evaluation iterates every utterance of a split exactly once. Training batches can be assembled
 ahead by background worker processes (`TrainIterator(workers=...)`), the same batches in the
 same order.
@@ -49,6 +49,7 @@ from data_prep import tfds_dataset, vocab
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
+VTLP_STREAM = 1   # a training utterance's VTLP warp: rng [seed, epoch, utterance, VTLP_STREAM]
 TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
 
 
@@ -63,6 +64,7 @@ class PipelineConfig:
   cmvn: str = "utterance"
   specaugment: bool = True         # training split only
   specaugment_policy: str = "lb"   # data_prep.features.SpecAugment.from_policy
+  vtlp_warp: float = 0.0           # training split only: data_prep.features.VTLP; 0 = off
   seed: int = 0
   target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
   pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the task uses them)
@@ -76,6 +78,10 @@ class PipelineConfig:
       features_lib.SpecAugment.from_policy(self.specaugment_policy)
     except ValueError as e:
       raise ValueError(f"data.specaugment_policy: {e}") from None
+    try:
+      features_lib.VTLP(self.vtlp_warp)
+    except ValueError as e:
+      raise ValueError(f"data.vtlp_warp: {e}") from None
 
 
 def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
@@ -287,6 +293,7 @@ class Batcher:
     self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
     self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)
                          if (train and cfg.specaugment) else None)
+    self.vtlp = features_lib.VTLP(cfg.vtlp_warp) if (train and cfg.vtlp_warp > 0) else None
 
   @property
   def shapes(self) -> list[tuple[int, int, int]]:
@@ -331,6 +338,8 @@ class Batcher:
       if i < 0:
         continue
       fbank = data.fbank(i)
+      if self.vtlp is not None:     # on the log-mel energies, before normalisation
+        fbank = self.vtlp(fbank, np.random.default_rng([cfg.seed, epoch, int(i), VTLP_STREAM]))
       fbank = apply_cmvn(fbank, cfg.cmvn, data.gcmvn)
       if self.spec_augment is not None:
         fbank = self.spec_augment(fbank, np.random.default_rng([cfg.seed, epoch, int(i)]))
