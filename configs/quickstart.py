@@ -17,7 +17,7 @@ from configs import default
 # Updates per stage: the default fits the 20-minute budget on 2 CPU cores, `long` 60 minutes.
 UPDATES = {"asr": 4000, "st": 3000}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
-LONG_UPDATES = {"asr": 36000, "st": 6000}
+LONG_UPDATES = {"asr": 30000, "st": 6000}
 LONG_EVAL_EVERY = 2000
 
 
