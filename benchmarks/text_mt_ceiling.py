@@ -9,7 +9,7 @@ layers of full attention, then the config's decoder (its width, depth, heads and
 vocabulary), with the ST stage's label smoothing and optimizer (`train.make_optimizer`: its
 learning rate, schedule and warmup, decaying over `--updates`). Every `--eval_every` updates
 it reports the dev perplexity and BLEU with the evaluation's beam search
-(`decode.beam_search`, the config's beam and length penalty), and at the end tst-COMMON BLEU
+(`decode.beam_search`, the config's beam, or `--beam`, and length penalty), and at the end tst-COMMON BLEU
 of the parameters with the lowest dev perplexity.
 The speech model's ST stage cannot translate better than this text model does: the figure
 tells whether a BLEU target is within what the corpus's pairs teach a decoder of this size.
@@ -109,6 +109,7 @@ def main(argv=None):
   parser.add_argument("--encoder_layers", type=int, default=3)
   parser.add_argument("--length", type=int, default=48, help="pieces per side (truncated)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--beam", type=int, default=None, help="default: the config's eval.beam")
   args = parser.parse_args(argv)
 
   config = load_config_file(args.config)
@@ -130,6 +131,8 @@ def main(argv=None):
       dropout=args.dropout, attention_dropout=args.dropout, activation_dropout=args.dropout)
   model = TextToText(model_cfg, source_vocab.size)
   st, e = config.st, config.eval
+  if args.beam:
+    e.beam = args.beam
   st.max_updates = args.updates
   st.warmup_updates = min(st.warmup_updates, args.updates // 2)
   key = jax.random.PRNGKey(args.seed)

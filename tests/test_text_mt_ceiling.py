@@ -33,8 +33,9 @@ def test_a_short_run_reports_dev_and_test_scores(prepared, tmp_path):
   result = text_mt_ceiling.main([
       "--config", "configs/quickstart.py", "--prepared_dir", out, "--test_split", "dev",
       "--updates", "4", "--eval_every", "2", "--batch", "8", "--encoder_layers", "1",
-      "--out", str(tmp_path / "ceiling.json")])
+      "--beam", "3", "--out", str(tmp_path / "ceiling.json")])
   assert [e["update"] for e in result["evaluations"]] == [2, 4]
   assert result["evaluations"][1]["dev_ppl"] < result["evaluations"][0]["dev_ppl"] < 1e4
   assert result["best_update"] == 4 and 0.0 <= result["test"]["bleu"] <= 100.0
+  assert result["beam"] == 3
   assert json.loads((tmp_path / "ceiling.json").read_text())["test"] == result["test"]
