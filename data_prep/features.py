@@ -212,8 +212,8 @@ class VTLP:
   axis is warped by alpha ~ U[1 - max_warp, 1 + max_warp] with Jaitly & Hinton's (2013)
   piecewise-linear warp (alpha > 1 moves formants up, as a shorter vocal tract does). Applied to
   the features rather than the spectrum, by interpolating the mel bins: log-energies at the
-  warped bin centres. Training only; it makes a model less sensitive to the speaker's voice.
-  Alpha is quantised to 1/1000 so that warp matrices are reused."""
+  warped bin centres. Training only; meant to make a model less sensitive to the speaker's
+  vocal tract. Alpha is quantised to 1/1000 so that the interpolation tables are reused."""
   max_warp: float = 0.1
   sample_rate: int = 16000
 

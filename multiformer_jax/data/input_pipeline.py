@@ -8,8 +8,9 @@ is not full is filled with padding examples of weight 0.
 
 The order is a pure function of (seed, epoch): the iterator state is (epoch, batches consumed),
 so a resumed run continues with exactly the next batch. Every JAX process computes the same
-global plan and takes its own contiguous slice of each batch. SpecAugment and VTLP (training only) draw
-from generators seeded by (seed, epoch, utterance), so a resumed run sees the same masks and warps.
+global plan and takes its own contiguous slice of each batch. SpecAugment and VTLP (training
+only) draw from generators seeded by (seed, epoch, utterance), so a resumed run sees the same
+masks and warps.
 Evaluation iterates every utterance of a split exactly once. Training batches can be assembled
 ahead by background worker processes (`TrainIterator(workers=...)`), the same batches in the
 same order.
