@@ -25,6 +25,14 @@ def _mel(hz):
   return 1127.0 * np.log(1.0 + hz / 700.0)
 
 
+def _mel_filter_lefts(sample_rate: int, num_mel_bins: int):
+  """(left edges [bins] in mel, spacing in mel) of the triangular filters, equally spaced on
+  Kaldi's mel scale from LOW_FREQ to Nyquist; a filter's centre is its left edge + spacing."""
+  mel_low, mel_high = _mel(LOW_FREQ), _mel(sample_rate / 2)
+  delta = (mel_high - mel_low) / (num_mel_bins + 1)
+  return mel_low + np.arange(num_mel_bins) * delta, delta
+
+
 @functools.lru_cache(maxsize=None)
 def _fbank_constants(sample_rate: int, num_mel_bins: int):
   """(frame length, shift, FFT size, povey window [length], mel banks [fft_size/2, bins])."""
@@ -34,9 +42,8 @@ def _fbank_constants(sample_rate: int, num_mel_bins: int):
   n = np.arange(length)
   window = (0.5 - 0.5 * np.cos(2 * np.pi * n / (length - 1))) ** 0.85
   # Triangular filters equally spaced on Kaldi's mel scale; the FFT bins below Nyquist.
-  mel_low, mel_high = _mel(LOW_FREQ), _mel(sample_rate / 2)
-  delta = (mel_high - mel_low) / (num_mel_bins + 1)
-  left = mel_low + np.arange(num_mel_bins)[:, None] * delta            # [bins, 1]
+  left, delta = _mel_filter_lefts(sample_rate, num_mel_bins)
+  left = left[:, None]                                                 # [bins, 1]
   center, right = left + delta, left + 2 * delta
   bin_mels = _mel(np.arange(fft_size // 2) * sample_rate / fft_size)[None, :]
   weights = np.minimum((bin_mels - left) / (center - left), (right - bin_mels) / (right - center))
@@ -195,9 +202,8 @@ def _vtlp_interpolation(alpha: float, sample_rate: int, num_mel_bins: int):
   weight * source bin upper, the linear interpolation on the mel scale of the source bins
   placed at their warped centre frequencies, read at the unwarped centres (clamped to the first
   or last source bin beyond them)."""
-  mel_low, mel_high = _mel(LOW_FREQ), _mel(sample_rate / 2)
-  delta = (mel_high - mel_low) / (num_mel_bins + 1)
-  centre_mels = mel_low + (np.arange(num_mel_bins) + 1) * delta
+  left, delta = _mel_filter_lefts(sample_rate, num_mel_bins)
+  centre_mels = left + delta
   centre_hz = 700.0 * (np.exp(centre_mels / 1127.0) - 1.0)
   warped_mels = _mel(vtlp_warp_hz(centre_hz, alpha, sample_rate))    # increasing in the bin
   position = np.interp(centre_mels, warped_mels, np.arange(num_mel_bins, dtype=np.float64))

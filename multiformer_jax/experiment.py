@@ -32,7 +32,8 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       specaugment=d.specaugment and split_kind == "train",
       # A run's saved config may predate the key: it then trained with the pipeline's default.
       specaugment_policy=d.get("specaugment_policy", ip.PipelineConfig.specaugment_policy),
-      vtlp_warp=d.get("vtlp_warp", 0.0) if split_kind == "train" else 0.0,
+      vtlp_warp=(d.get("vtlp_warp", ip.PipelineConfig.vtlp_warp) if split_kind == "train"
+                 else 0.0),
       seed=d.seed,
       target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 
