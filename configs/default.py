@@ -165,6 +165,13 @@ def get_config(arg=None):
   e.unk_penalty = 0.0          # fairseq --unkpen: subtracted from <unk>'s log-probability
   e.ctc_weight = 0.0           # joint CTC/attention decoding (ESPnet's decode ctc_weight) for
                                # models with a CTC head (asr.ctc_weight > 0); 0 = attention only
+  e.lm_weight = 0.0            # rescore each utterance's n-best (all `beam` hypotheses) with a
+                               # word n-gram LM of the stage's training targets, interpolated
+                               # Kneser-Ney (evaluation/word_lm.py); 0 = no LM (the papers')
+  e.lm_stages = ("asr",)       # the stages whose evaluation rescores, when lm_weight > 0
+  e.lm_order = 3
+  e.lm_unigram = "wordfreq"    # wordfreq | uniform: what the LM's unigram level backs off to
+                               # (the wordfreq package's word frequencies in that language)
   e.batch_frames = 20000       # padded source frames per evaluation batch
   e.num_buckets = 4            # batch shapes when decoding (each compiles the beam search)
   e.after_training = False     # run.py evaluates every stage on data.test_split at the end

@@ -75,6 +75,11 @@ def get_config(arg=None):
   # Joint CTC/attention decoding of the ASR stage (ESPnet's); 0.2 had the lowest dev WER of
   # 0.1-0.7 in both variants (docs/quickstart.md). The ST model has no CTC head.
   e.ctc_weight = 0.2
+  # The ASR stage's 20-best rescored with a word trigram LM of the training transcripts whose
+  # unigram level backs off to English word frequencies (wordfreq): dev WER fell by 3.3-6.4 in
+  # all four models tried, weight 0.3 the lowest of 0.1-0.6 (docs/quickstart.md). ST's dev BLEU
+  # did not move with a German one, so ST decodes without.
+  e.lm_weight, e.lm_stages = 0.3, ("asr",)
   return default.apply_arg(config, arg, {"long": long})
 
 

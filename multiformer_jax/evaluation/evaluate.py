@@ -2,8 +2,7 @@
 
     python -m multiformer_jax.evaluate --workdir runs/v2 --stage st --split tst-COMMON \
         [--checkpoint average|around_best|best|latest] [--average_last 10] [--beam 5]
-        [--lenpen 1.0]
-        [--min_len 1]
+        [--lenpen 1.0] [--min_len 1] [--ctc_weight 0.2] [--lm_weight 0.2]
 
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
 utterance of the split once, and writes `{workdir}/{stage}/eval_{split}/`: hyp.txt and
@@ -12,7 +11,9 @@ normalisation, scores per language / pair / domain and the head-selection paper'
 (AVG-A / AVG-T / AVG-Z over directions, AVG over ASR languages), checkpoint description,
 decoding settings) and ids.txt (the utterance ids). Utterances whose task a multi-task model
 does not have (a pair-keyed model on a zero-shot direction) are counted in `left_out`, not
-decoded.
+decoded. With eval.lm_weight > 0 (or --lm_weight), the stages in eval.lm_stages keep, of each
+utterance's `beam` finished hypotheses, the best after rescoring with a word n-gram LM of the
+stage's training targets (`word_lm`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.runtime.host_memory import use_huge_pages
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags
+from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
                                                   make_translate_for, score)
 from multiformer_jax.model import S2TModel
@@ -96,10 +98,41 @@ def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
   return jax.tree_util.tree_map(jnp.asarray, params), which
 
 
+def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
+  """The word-LM rescoring eval.lm_* asks of this stage ({weight, order, unigram}), or None
+  (weight 0, or the stage not in eval.lm_stages). `weight` replaces eval.lm_weight."""
+  e = config.eval
+  weight = e.get("lm_weight", 0.0) if weight is None else weight
+  stages = e.get("lm_stages", ("asr",))
+  stages = (stages,) if isinstance(stages, str) else tuple(stages)
+  if not set(stages) <= set(ip.TASKS):
+    raise ValueError(f"eval.lm_stages={stages!r}; valid: stages among {ip.TASKS}")
+  if weight < 0:
+    raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
+  if not weight or stage not in stages:
+    return None
+  return {"weight": float(weight), "order": int(e.get("lm_order", 3)),
+          "unigram": e.get("lm_unigram", "wordfreq")}
+
+
+def stage_language_model(config, stage: str, settings: dict) -> word_lm.WordLM:
+  """A word LM of the stage's training targets (English transcripts for ASR, translations for
+  ST), its unigram level backed off as `settings` says in the targets' language."""
+  train = ip.SplitData(pipeline_config(config, stage), config.data.train_split)
+  side = 0 if stage == "asr" else 1
+  languages = sorted({str(pair).split("-")[side] for pair in train.tag_values["pair"]})
+  if settings["unigram"] == "wordfreq" and len(languages) != 1:
+    raise ValueError(f"eval.lm_unigram='wordfreq' takes the word frequencies of one language; "
+                     f"the {stage} targets are in {languages}. Use eval.lm_unigram='uniform'.")
+  return word_lm.build_lm(train.references, settings["order"], settings["unigram"],
+                          languages[0])
+
+
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
                    average_last: int | None = None, beam: int | None = None,
                    length_penalty: float | None = None, progress: bool = True,
-                   min_len: int | None = None, ctc_weight: float | None = None) -> dict:
+                   min_len: int | None = None, ctc_weight: float | None = None,
+                   lm_weight: float | None = None) -> dict:
   log = setup_logging()
   e = config.eval
   checkpoint = checkpoint or e.checkpoint
@@ -122,11 +155,24 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
            which, beam, f", joint CTC/attention (ctc_weight {ctc_weight})" if ctc_weight else "")
   min_len = e.get("min_len", 1) if min_len is None else min_len
   unk_penalty = e.get("unk_penalty", 0.0)
-  translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight)
+  lm = lm_settings(config, stage, lm_weight)
+  pick = None
+  if lm:
+    start = time.time()
+    model_lm = stage_language_model(config, stage, lm)
+    log.info("rescoring each utterance's %d-best with a word %d-gram LM of the %s training "
+             "targets (weight %g, unigram back-off: %s; built in %.1f s)", beam, lm["order"],
+             stage, lm["weight"], lm["unigram"], time.time() - start)
+    pick = lambda texts, scores, lengths: word_lm.rescore(
+        texts, scores, lengths, model_lm, lm["weight"], length_penalty)
+  translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight,
+                                 nbest=lm is not None)
   search = "fairseq 0.12.2 beam search" + (
-      f", joint CTC/attention scores (ctc_weight {ctc_weight})" if ctc_weight else "")
+      f", joint CTC/attention scores (ctc_weight {ctc_weight})" if ctc_weight else "") + (
+      f", n-best rescored with a word {lm['order']}-gram LM (weight {lm['weight']}, unigram "
+      f"{lm['unigram']})" if lm else "")
   start = time.time()
-  hypotheses = decode_split(params, batcher, translate, progress, config.train.seed)
+  hypotheses = decode_split(params, batcher, translate, progress, config.train.seed, pick)
   references = data.references
   overall = score(stage, hypotheses, references)
   per_tag = scores_by_tag(stage, data, hypotheses, ip.TAG_NAMES)
@@ -145,7 +191,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
             "left_out": left_out,
             "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
             "max_len": f"{e.max_len_a} * frames + {e.max_len_b}", "min_len": min_len,
-            "unk_penalty": unk_penalty, "ctc_weight": ctc_weight, "search": search,
+            "unk_penalty": unk_penalty, "ctc_weight": ctc_weight, "lm": lm, "search": search,
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
@@ -179,11 +225,15 @@ def main(argv=None):
   parser.add_argument("--ctc_weight", type=float, default=None,
                       help="joint CTC/attention decoding weight for a model with a CTC head "
                            "(default: eval.ctc_weight)")
+  parser.add_argument("--lm_weight", type=float, default=None,
+                      help="weight of the word n-gram LM that rescores the n-best of the stages "
+                           "in eval.lm_stages; 0 = none (default: eval.lm_weight)")
   args = parser.parse_args(argv)
   config = ckpt_lib.load_config(args.workdir)
   result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
                           args.checkpoint, args.average_last, args.beam, args.lenpen,
-                          min_len=args.min_len, ctc_weight=args.ctc_weight)
+                          min_len=args.min_len, ctc_weight=args.ctc_weight,
+                          lm_weight=args.lm_weight)
   print(json.dumps(result, indent=1, ensure_ascii=False))
 
 

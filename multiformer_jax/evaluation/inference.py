@@ -14,7 +14,7 @@ import numpy as np
 
 from multiformer_jax.evaluation import decode
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, corpus_bleu, corpus_wer
+from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, PAD_ID, corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 
@@ -75,7 +75,7 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
 
 def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
                        length_penalty: float | None = None, min_len: int | None = None,
-                       ctc_weight: float | None = None):
+                       ctc_weight: float | None = None, nbest: bool = False):
   """make_translate with a config's eval.* search settings (beam, length penalty, max_len_a/b,
   min_len, unk_penalty, ctc_weight); the arguments given replace theirs."""
   return make_translate(
@@ -83,7 +83,7 @@ def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
       eval_cfg.length_penalty if length_penalty is None else length_penalty,
       eval_cfg.max_len_a, eval_cfg.max_len_b,
       eval_cfg.get("min_len", 1) if min_len is None else min_len,
-      eval_cfg.get("unk_penalty", 0.0),
+      eval_cfg.get("unk_penalty", 0.0), nbest=nbest,
       ctc_weight=eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight)
 
 
@@ -93,28 +93,38 @@ def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None)
   return weight if model.config.ctc_head else 0.0
 
 
-def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, seed: int = 0):
+def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, seed: int = 0,
+                 pick=None):
   """-> hypotheses (detokenised) in corpus order; a multi-task model's task ids are the
-  batcher's (its `tasks`)."""
+  batcher's (its `tasks`). pick: for a `translate` made with nbest=True, a function
+  (hypotheses, scores [beam], lengths [beam] in tokens with EOS) -> the index of the one to
+  keep (e.g. `word_lm.rescore`)."""
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   data = batcher.data
   hypotheses = [None] * len(data)
   batches = tqdm(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
                  desc=f"decoding {data.split}", unit="batch", disable=not progress,
                  file=sys.stderr)
+  forced = 0 if data.prefix is None else 1                 # a forced target-language tag
   for n, batch in enumerate(batches):
     tasks = batch_tasks(batch)
     prefix = None
     if data.prefix is not None:
       prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
                                     data.prefix[0]))
-    tokens = np.asarray(translate(params, jnp.asarray(batch["features"]),
-                                  jnp.asarray(batch["lengths"]), tasks, prefix,
-                                  jax.random.PRNGKey(seed + n)))
+    out = translate(params, jnp.asarray(batch["features"]), jnp.asarray(batch["lengths"]),
+                    tasks, prefix, jax.random.PRNGKey(seed + n))
+    if pick is None:
+      tokens = np.asarray(out)                                          # [batch, steps]
+    else:
+      nbest, scores = np.asarray(out[0]), np.asarray(out[1])  # [batch, beam, steps], [b, beam]
+      lengths = np.sum(nbest != PAD_ID, axis=2) + 1                     # EOS included
+      texts = [[data.vocab.decode(hyp[forced:]) for hyp in row] for row in nbest]
+      tokens = np.stack([row[pick(row_texts, row_scores, row_lengths)] for row, row_texts,
+                         row_scores, row_lengths in zip(nbest, texts, scores, lengths)])
     for row, i in enumerate(batch["index"]):
       if i >= 0:
-        hypotheses[i] = data.vocab.decode(tokens[row][1:] if prefix is not None else
-                                          tokens[row])
+        hypotheses[i] = data.vocab.decode(tokens[row][forced:])
   return hypotheses
 
 
