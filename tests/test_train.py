@@ -108,6 +108,16 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
     assert set(example) == {"id", "asr_ref", "asr_hyp", "st_ref", "st_hyp"}
     assert example["st_hyp"] == st_hyps[ids.index(example["id"])]
   assert shown[0]["id"] in curves.format_examples(shown)
+  # n-best rescoring with a word LM at a negligible weight keeps the search's best hypotheses.
+  from multiformer_jax.evaluation import evaluate
+  with open(os.path.join(workdir, "asr", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+    searched = f.read()
+  rescored = evaluate.evaluate_stage(config, workdir, "asr", "dev", progress=False,
+                                     lm_weight=1e-9)
+  assert rescored["lm"] == {"weight": 1e-9, "order": 3, "unigram": "wordfreq"}
+  assert "word 3-gram LM" in rescored["search"]
+  with open(os.path.join(workdir, "asr", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+    assert f.read() == searched
   with open(csv_path, encoding="utf-8") as f:
     assert f.read().startswith(",".join(ablate.COLUMNS))
   # Rerunning the command skips the finished stages.
