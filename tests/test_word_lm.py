@@ -1,6 +1,7 @@
 """The word n-gram LM (interpolated Kneser-Ney, Chen & Goodman 1998) and n-best rescoring."""
 
 import itertools
+import json
 import math
 
 import jax.numpy as jnp
@@ -176,3 +177,13 @@ def test_lm_settings_read_the_eval_config():
   config.eval.lm_stages = ("asr",)
   with pytest.raises(ValueError, match="lm_weight=-1"):
     evaluate.lm_settings(config, "asr", -1.0)
+
+
+def test_the_size_benchmark_runs_small(tmp_path, capsys):
+  from benchmarks import word_lm as benchmark
+  out = tmp_path / "word_lm.jsonl"
+  benchmark.main(["--sentences", "300", "--types", "50", "--score_sentences", "20",
+                  "--out", str(out)])
+  row = json.loads(capsys.readouterr().out)
+  assert row["ngrams"] == sum(row["ngrams_by_order"]) and row["ngrams_by_order"][0] <= 51
+  assert row["mean_log_prob_per_word"] < 0 and json.loads(out.read_text())["machine"]
