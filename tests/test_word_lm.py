@@ -177,6 +177,22 @@ def test_lm_settings_read_the_eval_config():
   config.eval.lm_stages = ("asr",)
   with pytest.raises(ValueError, match="lm_weight=-1"):
     evaluate.lm_settings(config, "asr", -1.0)
+  config.eval.lm_weight = 0.0               # refused whatever the weight
+  config.eval.lm_unigram = "zipf"
+  with pytest.raises(ValueError, match="lm_unigram='zipf'; valid: .*wordfreq"):
+    evaluate.lm_settings(config, "asr")
+  config.eval.lm_unigram, config.eval.lm_order = "uniform", 0
+  with pytest.raises(ValueError, match="lm_order=0; valid: an integer >= 1"):
+    evaluate.lm_settings(config, "st")
+
+
+def test_training_refuses_bad_lm_settings_before_it_starts(tmp_path):
+  from multiformer_jax.training import train
+  config = default.get_config()
+  config.eval.lm_order = 0
+  with pytest.raises(ValueError, match="lm_order=0"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
 
 
 def test_the_size_benchmark_runs_small(tmp_path, capsys):

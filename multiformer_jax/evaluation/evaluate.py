@@ -100,7 +100,8 @@ def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
 
 def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
   """The word-LM rescoring eval.lm_* asks of this stage ({weight, order, unigram}), or None
-  (weight 0, or the stage not in eval.lm_stages). `weight` replaces eval.lm_weight."""
+  (weight 0, or the stage not in eval.lm_stages). `weight` replaces eval.lm_weight. Refuses
+  settings that are not valid, whatever the weight (training checks them before it starts)."""
   e = config.eval
   weight = e.get("lm_weight", 0.0) if weight is None else weight
   stages = e.get("lm_stages", ("asr",))
@@ -109,10 +110,14 @@ def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
     raise ValueError(f"eval.lm_stages={stages!r}; valid: stages among {ip.TASKS}")
   if weight < 0:
     raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
+  order, unigram = e.get("lm_order", 3), e.get("lm_unigram", "wordfreq")
+  if not isinstance(order, int) or order < 1:
+    raise ValueError(f"eval.lm_order={order!r}; valid: an integer >= 1")
+  if unigram not in word_lm.UNIGRAM_BASES:
+    raise ValueError(f"eval.lm_unigram={unigram!r}; valid: {word_lm.UNIGRAM_BASES}")
   if not weight or stage not in stages:
     return None
-  return {"weight": float(weight), "order": int(e.get("lm_order", 3)),
-          "unigram": e.get("lm_unigram", "wordfreq")}
+  return {"weight": float(weight), "order": order, "unigram": unigram}
 
 
 def stage_language_model(config, stage: str, settings: dict) -> word_lm.WordLM:

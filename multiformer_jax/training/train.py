@@ -699,6 +699,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
                      f"valid stages: {ip.TASKS}")
   check_checkpoint_retention(config)
+  for stage in config.train.stages:         # eval.lm_* refused now, not after training
+    evaluate.lm_settings(config, stage)
   for stage in config.train.stages:         # resolved_eval_every reads what passes here
     if config[stage].eval_every < 1 and config[stage].eval_every != -1:
       raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
