@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import functools
 import math
+import sys
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -85,7 +86,7 @@ class WordLM:
     sentence_count = 0
     for words in sentences:
       sentence_count += 1
-      tokens = (BOS, *words, EOS)
+      tokens = (BOS, *map(sys.intern, words), EOS)    # one string object per word type
       for k in range(1, order + 1):
         for start in range(len(tokens) - k + 1):
           if k > 1 or start > 0:                      # <s> alone is never predicted
