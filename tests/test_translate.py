@@ -16,10 +16,12 @@ from tests.test_train import tiny_config
 
 @pytest.fixture(scope="module")
 def evaluated_run(prepared, tmp_path_factory):
-  """A tiny two-stage run evaluated on dev from its latest checkpoints."""
+  """A tiny two-stage run evaluated on dev from its latest checkpoints, both stages' n-best
+  rescored with a word LM (evaluation settings that translation must follow too)."""
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir, max_updates=4, eval_every=4)
   config.eval.after_training = True
+  config.eval.lm_weight, config.eval.lm_stages = 5.0, ("asr", "st")
   workdir = str(tmp_path_factory.mktemp("translated_run"))
   train.train_and_evaluate(config, workdir)
   return workdir

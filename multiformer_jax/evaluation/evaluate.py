@@ -133,6 +133,19 @@ def stage_language_model(config, stage: str, settings: dict) -> word_lm.WordLM:
                           languages[0])
 
 
+def lm_rescorer(config, stage: str, settings: dict, beam: int, length_penalty: float):
+  """-> pick(texts, scores, lengths): the index of the best of an n-best list after rescoring
+  with the stage's word LM (`inference.decode_split`'s `pick`)."""
+  start = time.time()
+  model_lm = stage_language_model(config, stage, settings)
+  setup_logging().info(
+      "rescoring each utterance's %d-best with a word %d-gram LM of the %s training targets "
+      "(weight %g, unigram back-off: %s; built in %.1f s)", beam, settings["order"], stage,
+      settings["weight"], settings["unigram"], time.time() - start)
+  return lambda texts, scores, lengths: word_lm.rescore(
+      texts, scores, lengths, model_lm, settings["weight"], length_penalty)
+
+
 def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str | None = None,
                    average_last: int | None = None, beam: int | None = None,
                    length_penalty: float | None = None, progress: bool = True,
@@ -161,15 +174,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   min_len = e.get("min_len", 1) if min_len is None else min_len
   unk_penalty = e.get("unk_penalty", 0.0)
   lm = lm_settings(config, stage, lm_weight)
-  pick = None
-  if lm:
-    start = time.time()
-    model_lm = stage_language_model(config, stage, lm)
-    log.info("rescoring each utterance's %d-best with a word %d-gram LM of the %s training "
-             "targets (weight %g, unigram back-off: %s; built in %.1f s)", beam, lm["order"],
-             stage, lm["weight"], lm["unigram"], time.time() - start)
-    pick = lambda texts, scores, lengths: word_lm.rescore(
-        texts, scores, lengths, model_lm, lm["weight"], length_penalty)
+  pick = lm_rescorer(config, stage, lm, beam, length_penalty) if lm else None
   translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight,
                                  nbest=lm is not None)
   search = "fairseq 0.12.2 beam search" + (

@@ -114,18 +114,22 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, 
                                     data.prefix[0]))
     out = translate(params, jnp.asarray(batch["features"]), jnp.asarray(batch["lengths"]),
                     tasks, prefix, jax.random.PRNGKey(seed + n))
-    if pick is None:
-      tokens = np.asarray(out)                                          # [batch, steps]
-    else:
-      nbest, scores = np.asarray(out[0]), np.asarray(out[1])  # [batch, beam, steps], [b, beam]
-      lengths = np.sum(nbest != PAD_ID, axis=2) + 1                     # EOS included
-      texts = [[data.vocab.decode(hyp[forced:]) for hyp in row] for row in nbest]
-      tokens = np.stack([row[pick(row_texts, row_scores, row_lengths)] for row, row_texts,
-                         row_scores, row_lengths in zip(nbest, texts, scores, lengths)])
+    tokens = np.asarray(out) if pick is None else picked(out, data.vocab, forced, pick)
     for row, i in enumerate(batch["index"]):
       if i >= 0:
         hypotheses[i] = data.vocab.decode(tokens[row][forced:])
   return hypotheses
+
+
+def picked(nbest_out, vocab, forced: int, pick):
+  """(tokens [batch, beam, steps], scores [batch, beam]) of an nbest=True search -> the
+  hypothesis `pick(texts, scores, lengths)` chooses of each row: tokens [batch, steps]. The
+  texts leave out the `forced` prefix tokens; lengths count every token and the EOS."""
+  nbest, scores = np.asarray(nbest_out[0]), np.asarray(nbest_out[1])
+  lengths = np.sum(nbest != PAD_ID, axis=2) + 1                        # [batch, beam]
+  texts = [[vocab.decode(hyp[forced:]) for hyp in row] for row in nbest]
+  return np.stack([row[pick(row_texts, row_scores, row_lengths)] for row, row_texts,
+                   row_scores, row_lengths in zip(nbest, texts, scores, lengths)])
 
 
 def batch_tasks(batch):

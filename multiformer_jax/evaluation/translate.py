@@ -5,7 +5,8 @@
         [--task de] [--target_lang de]
 
 For each file: the transcript (ASR stage) and the translation (ST stage), decoded with the
-run's evaluation settings (checkpoint selection, beam, length limits) from its saved config.
+run's evaluation settings from its saved config (checkpoint selection, beam, length limits,
+joint CTC weight, word-LM rescoring).
 Audio is read as preparation reads it (any rate and channel count: downmixed and resampled to
 16 kHz mono), turned into the same Kaldi fbank features and normalised as training normalised
 them (data.cmvn). A file longer than --segment_seconds is decoded in consecutive segments of
@@ -28,11 +29,12 @@ from data_prep import vocab as vocab_lib
 from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation.evaluate import averaged_count, stage_params
+from multiformer_jax.evaluation.evaluate import (averaged_count, lm_rescorer, lm_settings,
+                                                 stage_params)
 from multiformer_jax.experiment import model_config_for, task_keys
 from multiformer_jax.runtime.host_memory import use_huge_pages
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags
-from multiformer_jax.evaluation.inference import make_translate_for
+from multiformer_jax.evaluation.inference import make_translate_for, picked
 from multiformer_jax.model import S2TModel
 
 
@@ -79,7 +81,9 @@ class StageTranslator:
     self.params, self.checkpoint = stage_params(workdir, stage, which,
                                                 averaged_count(config, which))
     self.gcmvn = ip.read_gcmvn(d.prepared_dir, summary) if d.cmvn == "global" else None
-    self.translate = make_translate_for(self.model, e, beam)
+    lm = lm_settings(config, stage)
+    self.pick = lm and lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty)
+    self.translate = make_translate_for(self.model, e, beam, nbest=bool(self.pick))
 
   def __call__(self, feature_list: list[np.ndarray]) -> list[str]:
     """Normalised-as-in-training fbank matrices [frames, 80] -> one text each."""
@@ -93,9 +97,11 @@ class StageTranslator:
         jnp.full((n,), self.tasks[side], jnp.int32) if side in self.tasks else None
         for side in ("encoder", "decoder"))
     prefix = None if self.prefix is None else jnp.full((n,), self.prefix, jnp.int32)
-    tokens = np.asarray(self.translate(self.params, jnp.asarray(batch), jnp.asarray(lengths),
-                                      tasks, prefix, jax.random.PRNGKey(self.config.train.seed)))
-    return [self.vocab.decode(row[1:] if prefix is not None else row) for row in tokens]
+    out = self.translate(self.params, jnp.asarray(batch), jnp.asarray(lengths), tasks, prefix,
+                         jax.random.PRNGKey(self.config.train.seed))
+    forced = 0 if prefix is None else 1
+    tokens = np.asarray(out) if not self.pick else picked(out, self.vocab, forced, self.pick)
+    return [self.vocab.decode(row[forced:]) for row in tokens]
 
 
 def stack_task_id(key: ip.TaskKey, stage: str, task: str | None, target_lang: str | None
