@@ -111,10 +111,7 @@ def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
   if weight < 0:
     raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
   order, unigram = e.get("lm_order", 3), e.get("lm_unigram", "wordfreq")
-  if not isinstance(order, int) or order < 1:
-    raise ValueError(f"eval.lm_order={order!r}; valid: an integer >= 1")
-  if unigram not in word_lm.UNIGRAM_BASES:
-    raise ValueError(f"eval.lm_unigram={unigram!r}; valid: {word_lm.UNIGRAM_BASES}")
+  word_lm.check_settings(order, unigram)
   if not weight or stage not in stages:
     return None
   return {"weight": float(weight), "order": order, "unigram": unigram}

@@ -82,8 +82,8 @@ class StageTranslator:
                                                 averaged_count(config, which))
     self.gcmvn = ip.read_gcmvn(d.prepared_dir, summary) if d.cmvn == "global" else None
     lm = lm_settings(config, stage)
-    self.pick = lm and lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty)
-    self.translate = make_translate_for(self.model, e, beam, nbest=bool(self.pick))
+    self.pick = lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty) if lm else None
+    self.translate = make_translate_for(self.model, e, beam, nbest=self.pick is not None)
 
   def __call__(self, feature_list: list[np.ndarray]) -> list[str]:
     """Normalised-as-in-training fbank matrices [frames, 80] -> one text each."""
@@ -100,7 +100,7 @@ class StageTranslator:
     out = self.translate(self.params, jnp.asarray(batch), jnp.asarray(lengths), tasks, prefix,
                          jax.random.PRNGKey(self.config.train.seed))
     forced = 0 if prefix is None else 1
-    tokens = np.asarray(out) if not self.pick else picked(out, self.vocab, forced, self.pick)
+    tokens = np.asarray(out) if self.pick is None else picked(out, self.vocab, forced, self.pick)
     return [self.vocab.decode(row[forced:]) for row in tokens]
 
 

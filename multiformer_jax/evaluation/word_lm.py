@@ -59,6 +59,15 @@ def wordfreq_base(lang: str) -> Callable[[str], float]:
   return base
 
 
+def check_settings(order: int, unigram: str | None = None):
+  """Refuses an order that is not an integer >= 1, or a unigram back-off (when given) that is
+  not one of UNIGRAM_BASES, naming the config key and the valid values."""
+  if not isinstance(order, int) or order < 1:
+    raise ValueError(f"eval.lm_order={order!r}; valid: an integer >= 1")
+  if unigram is not None and unigram not in UNIGRAM_BASES:
+    raise ValueError(f"eval.lm_unigram={unigram!r}; valid: {UNIGRAM_BASES}")
+
+
 def discount_from_counts(counts: Iterable[float]) -> float:
   """Ney's D = n1 / (n1 + 2 n2) from the n-grams seen once (n1) and twice (n2), in (0, 1)."""
   counts = list(counts)
@@ -79,8 +88,7 @@ class WordLM:
   def __init__(self, sentences: Iterable[Sequence[str]], order: int = 3,
                base: Callable[[str], float] | None = None,
                discounts: Sequence[float] | None = None):
-    if not isinstance(order, int) or order < 1:
-      raise ValueError(f"eval.lm_order={order!r}; valid: an integer >= 1")
+    check_settings(order)
     self.order = order
     raw = collections.Counter()                       # every n-gram of orders 1..n
     sentence_count = 0
@@ -143,8 +151,7 @@ class WordLM:
 def build_lm(texts: Iterable[str], order: int, unigram: str, lang: str) -> WordLM:
   """A WordLM of detokenised `texts` in WER tokens, its unigram level backed off to `unigram`
   (one of UNIGRAM_BASES) in language `lang`."""
-  if unigram not in UNIGRAM_BASES:
-    raise ValueError(f"eval.lm_unigram={unigram!r}; valid: {UNIGRAM_BASES}")
+  check_settings(order, unigram)
   base = wordfreq_base(lang) if unigram == "wordfreq" else None
   return WordLM((normalize_for_wer(t) for t in texts), order, base)
 
