@@ -10,13 +10,17 @@
 #               largest difference of the outputs (~1 min)
 #   layer_norm  the update as is, without XLA's cuDNN layer-norm rewrite, which the toolkit
 #               turns on where JAX's CUDA plugin is (runtime/xla_flags.py; ~1.5 min)
+#   flash       attention with dropout, fwd+bwd: our Pallas kernel against the dense softmax
+#               (outputs and gradients compared, same masks) and cuDNN without dropout (~1 min)
+#   flash_update  the update with attention dropout through the dense softmax ('xla') and
+#               through our Pallas kernel ('flash', what 'auto' picks; ~3 min)
 # Writes into $OUT (default /tmp/gpu_check); ml_collections is installed from .whl/ when the
 # machine lacks it.
 #
 #     STEPS="variants encoder" bash benchmarks/gpu_check.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
-STEPS=${STEPS:-"update attention variants encoder layer_norm"}
+STEPS=${STEPS:-"update attention variants encoder layer_norm flash flash_update"}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import ml_collections" 2>/dev/null; then
@@ -27,6 +31,7 @@ exec > >(tee "$OUT/log.txt") 2>&1
 date -u
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
 python3 -c "import jax, flax; print('jax', jax.__version__, 'flax', flax.__version__, jax.devices())"
+python3 -c "from multiformer_jax.runtime import xla_flags as x; print('cuda plugin found:', x.cuda_plugin_installed(), '| XLA_FLAGS:', x.add_default_xla_flags())"
 # BATCH, FRAMES and LENGTHS make a small dry run of the same script on a CPU.
 STEP="--dtype bfloat16 --batch ${BATCH:-320} --frames ${FRAMES:-1000} --tokens 50 --steps 5 \
       --peak_size 8192 --memory_configs="
@@ -68,6 +73,18 @@ encoder() {
   echo "== encoder: evaluation forward, batch 64 x 1000 frames (down to 500), xla vs cudnn"
   python3 benchmarks/encoder_eval.py --out "$OUT/encoder_eval.jsonl" --dtype bfloat16 \
       --batch ${EVAL_BATCH:-64} --frames ${FRAMES:-1000} --implementations xla,cudnn
+}
+
+flash() {
+  echo "== flash: attention with dropout 0.1, fwd+bwd, Pallas kernel vs dense vs cuDNN (no dropout)"
+  python3 benchmarks/flash_dropout.py --out "$OUT/flash_dropout.jsonl" \
+      --shapes "${FLASH_SHAPES:-320x250,8x1024,8x4096}"
+}
+
+flash_update() {
+  echo "== flash_update: attention dropout through the dense softmax, then the Pallas kernel"
+  python3 benchmarks/train_step.py --out "$OUT/train_step_flash.jsonl" $STEP $FLOPS \
+      --configs "$S@attention_implementation=xla,$S@attention_implementation=flash"
 }
 
 for step in $STEPS; do

@@ -53,10 +53,11 @@ def get_config(arg=None):
   m.ffn_token_chunk = -1       # encoder FFN: computed this many tokens at a time, the hidden
                                # layer recomputed in the backward (less memory); 0 = one
                                # unchunked FFN (the faster); -1 = by backend: 0 everywhere now
-  m.attention_implementation = "auto"  # full/conv heads: 'auto' = cuDNN's fused attention on a
-                               # GPU in bfloat16 where no attention dropout is active
-                               # (evaluation, attention_dropout=0), our softmax elsewhere;
-                               # 'xla' = always ours; 'cudnn' = cuDNN or an error
+  m.attention_implementation = "auto"  # full/conv heads on a GPU in bfloat16: 'auto' = cuDNN's
+                               # fused attention where no attention dropout is active
+                               # (evaluation, attention_dropout=0), our Pallas kernel with the
+                               # dropout inside where it is; our softmax elsewhere; 'xla' =
+                               # always ours; 'cudnn' / 'flash' = that kernel or an error
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024

@@ -53,10 +53,10 @@ def test_forcing_cudnn_where_it_cannot_run_names_the_reason():
   assert not fused.use_cudnn("auto", q, 0.0)          # this CPU
   with pytest.raises(ValueError, match="cannot run here: the backend is 'cpu'"):
     fused.use_cudnn("cudnn", q, 0.0)
-  with pytest.raises(ValueError, match="valid: \\('auto', 'xla', 'cudnn'\\)"):
-    fused.use_cudnn("flash", q, 0.0)
-  with pytest.raises(ConfigError, match="model.attention_implementation='flash'"):
-    ModelConfig(attention_implementation="flash")
+  with pytest.raises(ValueError, match="valid: \\('auto', 'xla', 'cudnn', 'flash'\\)"):
+    fused.use_cudnn("pallas", q, 0.0)
+  with pytest.raises(ConfigError, match="model.attention_implementation='pallas'"):
+    ModelConfig(attention_implementation="pallas")
 
 
 def test_full_and_conv_heads_route_through_cudnn_only_without_dropout(on_gpu, monkeypatch):

@@ -40,7 +40,7 @@ def lowbias32(x):
   return x ^ lax.shift_right_logical(x, np.uint32(_LOWBIAS32_SHIFTS[-1]))
 
 
-def _threefry_key_words(key):
+def threefry_key_words(key):
   """The two uint32 words of a threefry key (typed or raw), or None for any other key."""
   if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     if str(jax.random.key_impl(key)) != "threefry2x32":
@@ -58,7 +58,7 @@ def random_bits(key, shape) -> jax.Array:
   row-major index, one fusable elementwise expression (`jax.random.bits` for keys that are not
   threefry keys and for 2**32 elements or more)."""
   shape = tuple(shape)
-  words = _threefry_key_words(key)
+  words = threefry_key_words(key)
   size = math.prod(shape)
   if words is None or size >= 2 ** 32:
     return jax.random.bits(key, shape, jnp.uint32)
@@ -142,3 +142,7 @@ class Dropout(nn.Module):
     if self.rate == 0.0 or deterministic:
       return inputs
     return dropout(inputs, self.rate, self.make_rng("dropout"))
+
+  def key(self):
+    """The key a call would draw its mask from (for kernels that draw the same mask)."""
+    return self.make_rng("dropout")

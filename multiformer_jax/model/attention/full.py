@@ -4,7 +4,8 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from multiformer_jax.model.attention.blockwise import blockwise_attention
-from multiformer_jax.model.attention.fused import prefix_key_attention, use_cudnn
+from multiformer_jax.model.attention.flash import flash_attention
+from multiformer_jax.model.attention.fused import prefix_key_attention, use_cudnn, use_flash
 from multiformer_jax.model.attention.masks import masked_softmax
 from multiformer_jax.model.dropout import Dropout
 
@@ -35,12 +36,15 @@ def softmax_attention(q, k, v, mask, dropout=None, deterministic=True):
 def key_masked_attention(module: nn.Module, q, k, v, key_mask, key_block_size: int,
                          dropout: Dropout, deterministic: bool, implementation: str = "xla"):
   """Softmax attention over the valid keys of a prefix key_mask [batch, k_len]: cuDNN's fused
-  attention where `implementation` picks it (multiformer_jax/model/attention/fused.py), else
-  one dense softmax, or blockwise over `key_block_size` keys (blockwise.py) when > 0, its
-  dropout masks drawn from `module`'s dropout rng."""
+  attention or our Pallas kernel where `implementation` picks them (fused.py, flash.py), else
+  one dense softmax, or blockwise over `key_block_size` keys (blockwise.py) when > 0. The
+  kernel draws the dense form's dropout mask (`dropout`'s key), the blockwise form its own
+  from `module`'s dropout rng."""
   rate = 0.0 if deterministic else dropout.rate
   if use_cudnn(implementation, q, rate):
     return prefix_key_attention(q, k, v, key_mask)
+  if use_flash(implementation, q, k, rate):
+    return flash_attention(q, k, v, key_mask, rate, dropout.key() if rate > 0.0 else None)
   if key_block_size:
     rng = module.make_rng("dropout") if rate > 0.0 else None
     return blockwise_attention(q, k, v, key_mask, key_block_size, rate, rng)
