@@ -107,7 +107,7 @@ def run_main(argv):
 if __name__ == "__main__":
   check_config_overrides(sys.argv[1:])
   from multiformer_jax.runtime import host_memory  # re-executes with huge pages where that helps
-  host_memory.use_huge_pages()
+  host_memory.set_up_host_allocator()
   from multiformer_jax.runtime.xla_flags import add_default_xla_flags
   add_default_xla_flags()
   app.run(run_main)

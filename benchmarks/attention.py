@@ -40,7 +40,7 @@ from multiformer_jax.model.attention.kernel import (favor_attention, heads_major
                                                     orthogonal_gaussian_features,
                                                     with_ones_column)
 from multiformer_jax.model.attention.local import local_attention  # noqa: E402
-from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 LOCAL_WINDOWS = (5, 17, 33, 65, 129)
@@ -173,6 +173,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   main()

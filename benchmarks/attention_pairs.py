@@ -129,7 +129,9 @@ def main(argv=None):
   print(json.dumps({"check": check}), flush=True)
   if not check["passed"]:
     raise SystemExit(f"the references do not compute our functions: {check}")
-  env = {**os.environ, "GLIBC_TUNABLES": HUGE_PAGES}
+  # One allocator for both sides: glibc with huge pages (our entry points would preload
+  # tcmalloc where the system has it; PyTorch would not).
+  env = {**os.environ, "GLIBC_TUNABLES": HUGE_PAGES, "MULTIFORMER_TCMALLOC": "0"}
   rounds = []
   for i in range(args.rounds):
     ours_path = os.path.join(args.out_dir, f"ours_{i}.jsonl")

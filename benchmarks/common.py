@@ -25,6 +25,7 @@ def machine() -> dict:
           "devices": jax.device_count(), "cpu_count": os.cpu_count(),
           "python": platform.python_version(), "jax": jax.__version__,
           "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+          "ld_preload": os.environ.get("LD_PRELOAD", ""),
           "xla_flags": os.environ.get("XLA_FLAGS", "")}
   try:
     with open("/proc/cpuinfo", encoding="utf-8") as f:

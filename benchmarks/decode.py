@@ -28,7 +28,7 @@ from benchmarks.common import Results, machine, time_call  # noqa: E402
 from multiformer_jax import build_model, init_params
 from multiformer_jax.evaluation import decode  # noqa: E402
 from multiformer_jax.evaluation.inference import make_translate  # noqa: E402
-from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 
@@ -96,6 +96,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   main()

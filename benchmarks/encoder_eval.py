@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Results, machine, time_call  # noqa: E402
 from multiformer_jax import build_model, init_params  # noqa: E402
-from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 
@@ -67,6 +67,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   main()

@@ -69,7 +69,7 @@ def main(argv=None):
     fairseq_path = os.path.join(args.out_dir, f"fairseq_{i}.jsonl")
     ours = ([sys.executable, os.path.join(HERE, "train_step.py"), "--configs",
              "s2t_transformer_s", "--memory_configs", "", "--steps", str(args.steps),
-             "--out", ours_path], dict(os.environ))
+             "--out", ours_path], {**os.environ, "MULTIFORMER_TCMALLOC": "0"})  # glibc, as fairseq
     fairseq = ([args.fairseq_python, os.path.join(HERE, "fairseq_train_step.py"), "--steps",
                 str(args.steps), "--out", fairseq_path], fairseq_env)
     for command, env in (ours, fairseq) if ours_first(i) else (fairseq, ours):

@@ -43,7 +43,7 @@ from multiformer_jax.training import train  # noqa: E402
 from multiformer_jax.model import dropout as dropout_lib  # noqa: E402
 from multiformer_jax.model.model_config import DROPOUT_RATES  # noqa: E402
 from multiformer_jax.training.parallel import DataParallel  # noqa: E402
-from multiformer_jax.runtime.host_memory import use_huge_pages  # noqa: E402
+from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 
@@ -239,6 +239,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   main()

@@ -1,5 +1,5 @@
-"""host_memory: when the entry points re-execute with glibc.malloc.hugetlb=1, and that the
-re-executed process keeps its arguments and does not loop."""
+"""host_memory: when the entry points re-execute with glibc.malloc.hugetlb=1 and tcmalloc
+preloaded, and that the re-executed process keeps its arguments and does not loop."""
 
 import os
 import platform
@@ -53,28 +53,66 @@ def test_reads_the_kernel_thp_mode(tmp_path, monkeypatch, text, mode):
   assert host_memory.transparent_huge_pages() is None
 
 
+TCMALLOC = "/usr/lib/libtcmalloc_minimal.so.4"
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, {"LD_PRELOAD": TCMALLOC, "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2 ** 62)}),
+    ({"LD_PRELOAD": "/x/libfoo.so", "TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": "1000"},
+     {"LD_PRELOAD": f"/x/libfoo.so {TCMALLOC}"}),                      # the user's own kept
+    ({"LD_PRELOAD": "/opt/libtcmalloc.so"}, None),                       # already preloaded
+    ({"MULTIFORMER_TCMALLOC": "0"}, None),                               # opted out
+])
+def test_environment_that_preloads_tcmalloc(environ, expected):
+  got = host_memory.tcmalloc_environment(environ, TCMALLOC)
+  assert got == (None if expected is None else {**environ, **expected})
+  assert host_memory.tcmalloc_environment(environ, None) is None      # not installed
+
+
+def test_both_settings_together_and_each_alone():
+  both = host_memory.host_allocator_environment({}, (2, 36), "madvise", TCMALLOC)
+  assert both["GLIBC_TUNABLES"] == "glibc.malloc.hugetlb=1" and both["LD_PRELOAD"] == TCMALLOC
+  only_tunable = host_memory.host_allocator_environment({}, (2, 36), "madvise", None)
+  assert only_tunable == {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}
+  only_preload = host_memory.host_allocator_environment({}, None, None, TCMALLOC)
+  assert "GLIBC_TUNABLES" not in only_preload and only_preload["LD_PRELOAD"] == TCMALLOC
+  assert host_memory.host_allocator_environment(both, (2, 36), "madvise", TCMALLOC) is None
+
+
+def test_finds_tcmalloc_in_the_library_directories(tmp_path):
+  assert host_memory.find_tcmalloc([str(tmp_path)]) is None
+  (tmp_path / "libtcmalloc.so.4").write_bytes(b"")
+  assert host_memory.find_tcmalloc([str(tmp_path)]) == str(tmp_path / "libtcmalloc.so.4")
+  (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")            # the minimal one first
+  assert host_memory.find_tcmalloc([str(tmp_path)]) == str(tmp_path / "libtcmalloc_minimal.so.4")
+
+
 SCRIPT = """
 import os, sys
 print("start", flush=True)
-from multiformer_jax.runtime.host_memory import use_huge_pages
-use_huge_pages()
-print("done", sys.argv[1:], os.environ.get("GLIBC_TUNABLES", ""))
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+set_up_host_allocator()
+print("done", sys.argv[1:], os.environ.get("GLIBC_TUNABLES", ""), os.environ.get("LD_PRELOAD", ""))
 """
 
 
 @pytest.mark.parametrize("extra_env", [{}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"},
-                                       {"MULTIFORMER_HUGE_PAGES": "0"}])
+                                       {"MULTIFORMER_HUGE_PAGES": "0"},
+                                       {"MULTIFORMER_HUGE_PAGES": "0", "MULTIFORMER_TCMALLOC": "0"}])
 def test_reexecutes_once_with_the_same_arguments(extra_env):
   environ = {k: v for k, v in os.environ.items()
-             if k not in ("GLIBC_TUNABLES", "MULTIFORMER_HUGE_PAGES")}
+             if k not in ("GLIBC_TUNABLES", "MULTIFORMER_HUGE_PAGES", "MULTIFORMER_TCMALLOC",
+                          "LD_PRELOAD")}
   environ.update(extra_env, PYTHONPATH=REPO)
-  expected = host_memory.huge_page_environment(environ, host_memory.glibc_version(),
-                                               host_memory.transparent_huge_pages())
+  expected = host_memory.host_allocator_environment(
+      environ, host_memory.glibc_version(), host_memory.transparent_huge_pages(),
+      host_memory.find_tcmalloc())
   if not sys.platform.startswith("linux"):
     expected = None
   out = subprocess.run([sys.executable, "-c", SCRIPT, "first", "--second=2"], env=environ,
                        capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
-  tunables = (expected or environ).get("GLIBC_TUNABLES", "")
+  final = expected or environ
   starts = 1 if expected is None else 2   # the re-executed process starts again, once
   assert out[:starts + 1] == ["start"] * starts + [
-      f"done ['first', '--second=2'] {tunables}"], out
+      f"done ['first', '--second=2'] {final.get('GLIBC_TUNABLES', '')} "
+      f"{final.get('LD_PRELOAD', '')}"], out

@@ -38,7 +38,7 @@ from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib
 from multiformer_jax.analysis import internals, plots
 from multiformer_jax.analysis import selection as selection_lib
-from multiformer_jax.runtime.host_memory import use_huge_pages
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 DEFAULT_FULL_CL_THRESHOLD = 0.25
@@ -430,6 +430,6 @@ cli = cli_errors.command_line_entry(main)
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   cli()

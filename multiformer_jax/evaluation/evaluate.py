@@ -29,7 +29,7 @@ import numpy as np
 from data_prep import cli_errors
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.runtime.host_memory import use_huge_pages
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
@@ -249,6 +249,6 @@ cli = cli_errors.command_line_entry(main)
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   cli()

@@ -32,7 +32,7 @@ from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.evaluate import (averaged_count, lm_rescorer, lm_settings,
                                                  stage_params)
 from multiformer_jax.experiment import model_config_for, task_keys
-from multiformer_jax.runtime.host_memory import use_huge_pages
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 from multiformer_jax.evaluation.inference import make_translate_for, picked
 from multiformer_jax.model import S2TModel
@@ -184,6 +184,6 @@ cli = cli_errors.command_line_entry(main)
 
 
 if __name__ == "__main__":
-  use_huge_pages()
+  set_up_host_allocator()
   add_default_xla_flags()
   cli()
