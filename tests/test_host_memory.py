@@ -79,6 +79,15 @@ def test_both_settings_together_and_each_alone():
   assert host_memory.host_allocator_environment(both, (2, 36), "madvise", TCMALLOC) is None
 
 
+def test_describes_the_allocator_for_the_logs():
+  preloaded = {"LD_PRELOAD": f"/x/libfoo.so {TCMALLOC}"}
+  assert host_memory.describe(preloaded) == f"tcmalloc ({TCMALLOC})"
+  line = host_memory.describe({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
+  assert line.startswith("glibc malloc, GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
+  assert "apt install libtcmalloc-minimal4" in line and "MULTIFORMER_TCMALLOC=0" in line
+  assert host_memory.describe({}).startswith("glibc malloc, no huge pages")
+
+
 def test_finds_tcmalloc_in_the_library_directories(tmp_path):
   assert host_memory.find_tcmalloc([str(tmp_path)]) is None
   (tmp_path / "libtcmalloc.so.4").write_bytes(b"")
@@ -96,9 +105,9 @@ print("done", sys.argv[1:], os.environ.get("GLIBC_TUNABLES", ""), os.environ.get
 """
 
 
-@pytest.mark.parametrize("extra_env", [{}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"},
-                                       {"MULTIFORMER_HUGE_PAGES": "0"},
-                                       {"MULTIFORMER_HUGE_PAGES": "0", "MULTIFORMER_TCMALLOC": "0"}])
+@pytest.mark.parametrize("extra_env", [
+    {}, {"GLIBC_TUNABLES": "glibc.malloc.arena_max=4"}, {"MULTIFORMER_HUGE_PAGES": "0"},
+    {"MULTIFORMER_HUGE_PAGES": "0", "MULTIFORMER_TCMALLOC": "0"}])
 def test_reexecutes_once_with_the_same_arguments(extra_env):
   environ = {k: v for k, v in os.environ.items()
              if k not in ("GLIBC_TUNABLES", "MULTIFORMER_HUGE_PAGES", "MULTIFORMER_TCMALLOC",

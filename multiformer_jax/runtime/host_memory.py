@@ -110,6 +110,18 @@ def host_allocator_environment(environ, glibc: tuple[int, int] | None, thp: str 
   return both or huge_pages
 
 
+def describe(environ=os.environ) -> str:
+  """One line for the logs: the host allocator this process runs with."""
+  preload = next((p for p in environ.get("LD_PRELOAD", "").replace(":", " ").split()
+                  if "tcmalloc" in p), None)
+  tunables = environ.get("GLIBC_TUNABLES", "")
+  huge = f"GLIBC_TUNABLES={tunables}" if "glibc.malloc.hugetlb" in tunables else "no huge pages"
+  if preload:
+    return f"tcmalloc ({preload})"
+  return (f"glibc malloc, {huge} (tcmalloc would be preloaded where installed: "
+          f"apt install libtcmalloc-minimal4; opt out: {TCMALLOC_OPT_OUT_VARIABLE}=0)")
+
+
 def set_up_host_allocator() -> None:
   """Re-execute this process with tcmalloc preloaded and glibc.malloc.hugetlb=1, each where it
   helps (see the module docstring); returns only when nothing had to change. Call it before

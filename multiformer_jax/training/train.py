@@ -30,6 +30,7 @@ from multiformer_jax.runtime import compile_clock
 from multiformer_jax.training import curves
 from multiformer_jax.evaluation import evaluate
 from multiformer_jax.runtime import faults
+from multiformer_jax.runtime import host_memory
 from multiformer_jax.model import head_selection
 from multiformer_jax.evaluation import inference
 from multiformer_jax.data import input_pipeline as ip
@@ -711,6 +712,7 @@ def train_and_evaluate(config, workdir: str) -> dict:
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
            jax.local_devices()[0].platform, jax.process_count(), dp.mode)
+  log.info("host memory: %s", host_memory.describe())
   results = {}
   for stage in config.train.stages:
     results[stage] = {"train": run_stage(config, stage, workdir, dp)}
