@@ -20,7 +20,8 @@ The timing refuses to run when a check fails.
 Then `--rounds` rounds at length `--n` (batch 8, 4 heads x 64, fwd+bwd and forward, median of
 `--repeats`): benchmarks/attention.py (local(129), kernel(256)) and
 benchmarks/torch_attention.py one after the other, ours first in rounds 0, 3, 4, 7, ... (ABBA),
-both processes with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (the allocator our entry points use).
+both processes on one allocator: GLIBC_TUNABLES=glibc.malloc.hugetlb=1, or with `--allocator
+tcmalloc` the system's tcmalloc preloaded into both.
 `summary.json` under --out_dir holds the check, every round, the median speed ratios and the
 memory figures (XLA temporaries for ours, peak resident-set growth for PyTorch).
 """
@@ -41,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import read_results  # noqa: E402
 from benchmarks.fairseq_pairs import check_pairs_args, ours_first  # noqa: E402
+from multiformer_jax.runtime import host_memory  # noqa: E402
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 PAIRS = (("local(129)", "lucidrains_local(129)"), ("kernel(256)", "performer(256)"))
@@ -110,6 +112,20 @@ def equal_work_check(torch_python: str, n: int = 512, batch: int = 2, heads: int
   return check
 
 
+def pairs_environment(allocator: str) -> dict:
+  """One allocator for both sides. 'glibc': glibc with huge pages, our entry points' tcmalloc
+  preload turned off (PyTorch would not have it); 'tcmalloc': the system's tcmalloc preloaded
+  into both processes."""
+  env = {**os.environ, "GLIBC_TUNABLES": HUGE_PAGES, "MULTIFORMER_TCMALLOC": "0"}
+  if allocator == "tcmalloc":
+    library = host_memory.find_tcmalloc()
+    if library is None:
+      raise SystemExit("--allocator tcmalloc: no tcmalloc library in "
+                       f"{host_memory.LIBRARY_DIRS} (apt install libtcmalloc-minimal4)")
+    env.update(host_memory.TCMALLOC_QUIET, LD_PRELOAD=library)
+  return env
+
+
 def _rows(path: str) -> dict:
   return {row["kind"]: row for row in read_results(path)[1] if "seconds" in row}
 
@@ -122,16 +138,17 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=6)
   parser.add_argument("--n", type=int, default=4096)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--allocator", default="glibc", choices=("glibc", "tcmalloc"),
+                      help="both sides' malloc: glibc with huge pages, or the system's tcmalloc "
+                           "preloaded into both (runtime/host_memory.py)")
   args = parser.parse_args(argv)
   check_pairs_args(args.rounds, args.torch_python, "torch_python")
+  env = pairs_environment(args.allocator)
   os.makedirs(args.out_dir, exist_ok=True)
   check = equal_work_check(args.torch_python)
   print(json.dumps({"check": check}), flush=True)
   if not check["passed"]:
     raise SystemExit(f"the references do not compute our functions: {check}")
-  # One allocator for both sides: glibc with huge pages (our entry points would preload
-  # tcmalloc where the system has it; PyTorch would not).
-  env = {**os.environ, "GLIBC_TUNABLES": HUGE_PAGES, "MULTIFORMER_TCMALLOC": "0"}
   rounds = []
   for i in range(args.rounds):
     ours_path = os.path.join(args.out_dir, f"ours_{i}.jsonl")
@@ -155,7 +172,7 @@ def main(argv=None):
     rounds.append(record)
     print(json.dumps(record), flush=True)
   summary = {"check": check, "rounds": rounds, "n": args.n, "glibc_tunables": HUGE_PAGES,
-             "command": " ".join(sys.argv)}
+             "ld_preload": env.get("LD_PRELOAD", ""), "command": " ".join(sys.argv)}
   for kind, peer in PAIRS:
     ratios = [r[kind]["ratio"] for r in rounds]
     summary[kind] = {"peer": peer, "median_ratio": statistics.median(ratios),
