@@ -200,3 +200,17 @@ def test_the_kernels_lower_to_triton_for_cuda_here():
   for name in ("flash_dropout_forward", "flash_dropout_backward_kv", "flash_dropout_backward_q"):
     assert f'name = "{name}"' in text
   assert text.count("__gpu$xla.gpu.triton") == 3
+
+
+def test_the_gpu_benchmark_script_compares_the_same_function(tmp_path):
+  """benchmarks/flash_dropout.py, run in the interpreter: its dense and kernel forms agree to
+  float32 rounding, so the GPU's row compares equal work."""
+  import json
+  from benchmarks import flash_dropout
+  out = tmp_path / "flash.jsonl"
+  flash_dropout.main(["--out", str(out), "--shapes", "2x24", "--heads", "2", "--head_dim", "16",
+                      "--dtype", "float32", "--interpret", "--repeats", "1"])
+  (row,) = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+  for name in ("out", "dq", "dk", "dv"):
+    assert row[f"max_abs_diff_{name}"] < 1e-5 < row[f"{name}_abs_mean"]
+  assert {"seconds_xla", "seconds_flash", "seconds_flash_no_dropout"} <= set(row)
