@@ -161,7 +161,7 @@ def test_every_block_lies_inside_its_array():
   operand (Pallas' interpreter clamps a block that is not, so the value tests cannot see it;
   a GPU reads past the end)."""
   q, k, _ = random_qkv(3, 21, 37, 2, 16)
-  plan = flash_lib._Call(q, k, 0.1, 8, interpret=True)
+  plan = flash_lib._Plan(q, k, 0.1, 8, interpret=True)
   rows_q = (plan.batch, plan.q_padded, plan.heads, plan.head_dim)
   rows_k = (plan.batch, plan.k_padded, plan.heads, plan.head_dim)
   per_row = (plan.batch, plan.heads, plan.q_padded)

@@ -193,8 +193,8 @@ def _pad_time(x, length: int):
   return jnp.pad(x, [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
 
 
-class _Call:
-  """The padded operands and the three pallas_calls of one attention shape."""
+class _Plan:
+  """Tile sizes, padded lengths and the three pallas_calls for one attention shape."""
 
   def __init__(self, q, k, rate: float, block: int, interpret: bool):
     self.batch, self.q_len, self.heads, self.head_dim = q.shape
@@ -278,7 +278,7 @@ def _flash(q, k, v, valid, words, rate, block, interpret):
 
 
 def _flash_fwd(q, k, v, valid, words, rate, block, interpret):
-  plan = _Call(q, k, rate, block, interpret)
+  plan = _Plan(q, k, rate, block, interpret)
   out, lse = plan.forward(_pad_time(q, plan.q_padded), _pad_time(k, plan.k_padded),
                           _pad_time(v, plan.k_padded), _pad_time(valid, plan.k_padded), words)
   out = out[:, :plan.q_len]
@@ -287,7 +287,7 @@ def _flash_fwd(q, k, v, valid, words, rate, block, interpret):
 
 def _flash_bwd(rate, block, interpret, residuals, d_out):
   q, k, v, valid, words, out, lse = residuals
-  plan = _Call(q, k, rate, block, interpret)
+  plan = _Plan(q, k, rate, block, interpret)
   # delta_i = dO_i . O_i = sum_j P_ij dP_ij, with or without dropout.
   delta = jnp.einsum("bqhd,bqhd->bhq", d_out.astype(jnp.float32), out.astype(jnp.float32))
   delta = jnp.pad(delta, [(0, 0), (0, 0), (0, plan.q_padded - plan.q_len)])
