@@ -214,3 +214,18 @@ def test_the_gpu_benchmark_script_compares_the_same_function(tmp_path):
   for name in ("out", "dq", "dk", "dv"):
     assert row[f"max_abs_diff_{name}"] < 1e-5 < row[f"{name}_abs_mean"]
   assert {"seconds_xla", "seconds_flash", "seconds_flash_no_dropout"} <= set(row)
+
+
+@pytest.mark.parametrize("q_len, k_len", [(3, 5), (20, 250), (250, 125)])
+def test_default_tiles_suit_tritons_dot(q_len, k_len):
+  """Tiles are powers of two from 16 (tl.dot's smallest side) to the default 64, even for
+  sequences shorter than 16, whose padding is then masked."""
+  q, k, _ = random_qkv(1, q_len, k_len, 1, 16)
+  plan = flash_lib._Plan(q, k, 0.1, flash_lib.DEFAULT_BLOCK, interpret=True)
+  for tile, padded, length in ((plan.block_q, plan.q_padded, q_len),
+                               (plan.block_k, plan.k_padded, k_len)):
+    assert tile in (16, 32, 64) and padded % tile == 0 and padded >= length
+  v = jax.random.normal(jax.random.PRNGKey(9), k.shape)
+  mask = prefix_mask(k_len, [k_len - 1])
+  np.testing.assert_allclose(interpreted(q, k, v, mask, 0.2, jax.random.PRNGKey(1)),
+                             dense(q, k, v, mask, 0.2, jax.random.PRNGKey(1)), atol=2e-6)

@@ -38,6 +38,7 @@ LOG2_E = math.log2(math.e)
 MASKED_SCORE = -0.7 * float(np.finfo(np.float32).max)
 HEAD_DIMS = (16, 32, 64, 128)     # powers of two: Triton's tiles
 DEFAULT_BLOCK = 64
+MIN_TILE = 16                     # tl.dot's smallest operand dimension
 
 
 def keep_threshold(rate: float) -> int:
@@ -199,8 +200,9 @@ class _Plan:
   def __init__(self, q, k, rate: float, block: int, interpret: bool):
     self.batch, self.q_len, self.heads, self.head_dim = q.shape
     self.k_len = k.shape[1]
-    self.block_q = min(block, pl.next_power_of_2(self.q_len))
-    self.block_k = min(block, pl.next_power_of_2(self.k_len))
+    # Tiles of `block` rows, fewer for short sequences, but not below Triton's 16 for a dot.
+    self.block_q = min(block, max(MIN_TILE, pl.next_power_of_2(self.q_len)))
+    self.block_k = min(block, max(MIN_TILE, pl.next_power_of_2(self.k_len)))
     self.q_padded = pl.cdiv(self.q_len, self.block_q) * self.block_q
     self.k_padded = pl.cdiv(self.k_len, self.block_k) * self.block_k
     self.rate, self.interpret = rate, interpret
