@@ -116,14 +116,15 @@ def pairs_environment(allocator: str) -> dict:
   """One allocator for both sides. 'glibc': glibc with huge pages, our entry points' tcmalloc
   preload turned off (PyTorch would not have it); 'tcmalloc': the system's tcmalloc preloaded
   into both processes."""
-  env = {**os.environ, "GLIBC_TUNABLES": HUGE_PAGES, "MULTIFORMER_TCMALLOC": "0"}
+  env = {k: v for k, v in os.environ.items() if k != host_memory.TCMALLOC_OPT_OUT_VARIABLE}
+  env["GLIBC_TUNABLES"] = HUGE_PAGES
   if allocator == "tcmalloc":
     library = host_memory.find_tcmalloc()
     if library is None:
       raise SystemExit("--allocator tcmalloc: no tcmalloc library in "
                        f"{host_memory.LIBRARY_DIRS} (apt install libtcmalloc-minimal4)")
-    env.update(host_memory.TCMALLOC_QUIET, LD_PRELOAD=library)
-  return env
+    env = host_memory.tcmalloc_environment(env, library) or env
+  return {**env, host_memory.TCMALLOC_OPT_OUT_VARIABLE: "0"}
 
 
 def _rows(path: str) -> dict:

@@ -15,7 +15,7 @@ that a worker thread's arena cannot hold, for instance the quickstart update's 1
 temporaries, is mmapped, faulted in and unmapped at every step. gperftools' tcmalloc keeps such
 blocks for the next step: where its library is installed (Debian/Ubuntu:
 `apt install libtcmalloc-minimal4`), the entry points preload it, and the quickstart's CPU update
-runs 1.15x faster, an s2t_transformer_s update 1.08x (docs/benchmarks.md). glibc's tunables that
+runs 1.11x faster, an s2t_transformer_s update 1.08x (docs/benchmarks.md). glibc's tunables that
 would keep the block (one arena, no mmap) serialise the threads on one lock and run slower.
 
 Both settings are read when the process starts, so `set_up_host_allocator()` re-executes the

@@ -71,7 +71,7 @@ def key_words(dropout_rng):
   return jnp.stack(words).astype(jnp.uint32)
 
 
-def _dropout_keep(words_ref, b, h, rows, cols, sizes, threshold):
+def _dropout_keep(words_ref, b, h, rows, cols, sizes, rate):
   """bool[len(rows), len(cols)]: the dropout mask's tile at query rows x key cols of head h
   of batch element b; sizes = (heads, q_len, k_len), the unpadded sizes."""
   heads, q_len, k_len = (np.uint32(n) for n in sizes)
@@ -79,7 +79,7 @@ def _dropout_keep(words_ref, b, h, rows, cols, sizes, threshold):
   index = ((row_base + rows.astype(jnp.uint32))[:, None] * k_len
            + cols.astype(jnp.uint32)[None, :])
   bits = lowbias32(lowbias32(index ^ words_ref[0]) ^ words_ref[1])
-  return lax.shift_right_logical(bits, np.uint32(9)) < np.uint32(threshold)
+  return lax.shift_right_logical(bits, np.uint32(9)) < np.uint32(keep_threshold(rate))
 
 
 def _forward_kernel(q_ref, k_ref, v_ref, valid_ref, words_ref, o_ref, lse_ref, *, scale,
@@ -103,8 +103,7 @@ def _forward_kernel(q_ref, k_ref, v_ref, valid_ref, words_ref, o_ref, lse_ref, *
     row_sum = row_sum * correction + jnp.sum(probs, axis=1)
     if rate > 0.0:
       cols = k_block * block_k + jnp.arange(block_k)
-      probs = jnp.where(_dropout_keep(words_ref, b, h, rows, cols, sizes, keep_threshold(rate)),
-                        probs, 0.0)
+      probs = jnp.where(_dropout_keep(words_ref, b, h, rows, cols, sizes, rate), probs, 0.0)
     out = out * correction[:, None] + plgpu.dot(probs.astype(v.dtype), v)
     return out, new_max, row_sum
 
@@ -124,11 +123,12 @@ def _probs_tile(q, k, valid, lse, scale):
   return jnp.where(valid, jnp.exp2(scores - lse[:, None]), 0.0)
 
 
-def _dropped_grad(probs, d_weights, delta, keep):
-  """dS = P * (dP - delta), dP the cotangent of the undropped weights: dropout's select and
-  1 / (1 - rate) applied to d_weights (the cotangent of the dropped ones)."""
+def _dropped_grad(probs, d_weights, delta, keep, rate):
+  """dS = P * (dP - delta), dP the cotangent of the undropped weights: dropout's select `keep`
+  (None: no dropout) and 1 / (1 - rate) applied to d_weights (the cotangent of the dropped
+  ones)."""
   if keep is not None:
-    d_weights = jnp.where(keep[0], d_weights, 0.0) * keep[1]
+    d_weights = jnp.where(keep, d_weights, 0.0) / (1.0 - rate)
   return probs * (d_weights - delta[:, None])
 
 
@@ -146,15 +146,13 @@ def _backward_kv_kernel(q_ref, k_ref, v_ref, valid_ref, words_ref, do_ref, lse_r
     queries = pl.dslice(q_block * block_q, block_q)
     q, do = q_ref[queries, :], do_ref[queries, :]         # [block_q, head_dim]
     probs = _probs_tile(q, k, valid, lse_ref[queries], scale)
-    keep = None
-    dropped = probs
+    keep, dropped = None, probs
     if rate > 0.0:
       rows = q_block * block_q + jnp.arange(block_q)
-      mask = _dropout_keep(words_ref, b, h, rows, cols, sizes, keep_threshold(rate))
-      keep = (mask, 1.0 / (1.0 - rate))
-      dropped = jnp.where(mask, probs, 0.0) * keep[1]
+      keep = _dropout_keep(words_ref, b, h, rows, cols, sizes, rate)
+      dropped = jnp.where(keep, probs, 0.0) / (1.0 - rate)
     dv = dv + plgpu.dot(dropped.astype(do.dtype).T, do)
-    d_scores = _dropped_grad(probs, plgpu.dot(do, v.T), delta_ref[queries], keep)
+    d_scores = _dropped_grad(probs, plgpu.dot(do, v.T), delta_ref[queries], keep, rate)
     dk = dk + plgpu.dot(d_scores.astype(q.dtype).T, q)
     return dk, dv
 
@@ -181,9 +179,8 @@ def _backward_q_kernel(q_ref, k_ref, v_ref, valid_ref, words_ref, do_ref, lse_re
     keep = None
     if rate > 0.0:
       cols = k_block * block_k + jnp.arange(block_k)
-      keep = (_dropout_keep(words_ref, b, h, rows, cols, sizes, keep_threshold(rate)),
-              1.0 / (1.0 - rate))
-    d_scores = _dropped_grad(probs, plgpu.dot(do, v.T), delta, keep)
+      keep = _dropout_keep(words_ref, b, h, rows, cols, sizes, rate)
+    d_scores = _dropped_grad(probs, plgpu.dot(do, v.T), delta, keep, rate)
     return dq + plgpu.dot(d_scores.astype(k.dtype), k)
 
   dq = lax.fori_loop(0, k_padded // block_k, body, jnp.zeros((block_q, head_dim), jnp.float32))
@@ -205,7 +202,7 @@ class _Plan:
     self.block_k = min(block, max(MIN_TILE, pl.next_power_of_2(self.k_len)))
     self.q_padded = pl.cdiv(self.q_len, self.block_q) * self.block_q
     self.k_padded = pl.cdiv(self.k_len, self.block_k) * self.block_k
-    self.rate, self.interpret = rate, interpret
+    self.interpret = interpret
     self.kernel_args = dict(scale=self.head_dim ** -0.5, rate=rate, block_q=self.block_q,
                             block_k=self.block_k, sizes=(self.heads, self.q_len, self.k_len))
 
