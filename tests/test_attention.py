@@ -9,7 +9,7 @@ from multiformer_jax.model.attention import (MultiHeadMultiAttention, favor_atte
                                        local_attention, softmax_attention)
 from multiformer_jax.model.attention import local as local_lib
 from multiformer_jax.model.attention.blockwise import dropout_keep_mask
-from multiformer_jax.model.attention.kernel import (favor_weights, max_over_features,
+from multiformer_jax.model.attention.kernel import (favor_weights, query_stabiliser,
                                               orthogonal_gaussian_features)
 from multiformer_jax.model.layout import parse_layout
 
@@ -236,11 +236,19 @@ def test_kernel_equals_the_textbook_favor_form():
     np.testing.assert_allclose(got, want, atol=2e-5)
 
 
-def test_max_over_features_derivative_at_the_first_argmax():
-  u = jnp.asarray([[1.0, 3.0, 2.0], [5.0, 5.0, -1.0]])
-  np.testing.assert_array_equal(max_over_features(u), jnp.max(u, -1, keepdims=True))
-  grad = jax.grad(lambda u: jnp.sum(max_over_features(u) * jnp.asarray([[2.0], [3.0]])))(u)
-  np.testing.assert_array_equal(grad, [[0.0, 2.0, 0.0], [3.0, 0.0, 0.0]])   # ties: the first
+def test_query_stabiliser_is_the_row_max_differentiated_at_the_first_argmax():
+  """Value: max over features of u = x W^T. Derivative: that of u[first argmax] = x . W[r],
+  for x and W; the second row has a tie between features 0 and 1 (W's rows 0 and 1 equal)."""
+  x = jnp.asarray([[1.0, 2.0], [0.5, -1.0]])
+  projection = jnp.asarray([[1.0, -1.0], [1.0, -1.0], [0.0, 1.0]])
+  u = x @ projection.T                                  # [[-1, -1, 2], [1.5, 1.5, -1]]
+  weights = jnp.asarray([[2.0], [3.0]])
+  np.testing.assert_array_equal(query_stabiliser(x, projection, u), jnp.max(u, -1, keepdims=True))
+  d_x, d_projection = jax.grad(lambda x, p: jnp.sum(query_stabiliser(x, p, x @ p.T) * weights),
+                               (0, 1))(x, projection)
+  # Row 0's maximum is feature 2; row 1's the first of the tied features 0 and 1.
+  np.testing.assert_allclose(d_x, [[0.0, 2.0], [3.0, -3.0]])               # weight * W[r]
+  np.testing.assert_allclose(d_projection, [[1.5, -3.0], [0.0, 0.0], [2.0, 4.0]])  # weight * x
 
 
 def test_kernel_masks_padded_keys_exactly():

@@ -40,27 +40,41 @@ def orthogonal_gaussian_features(key, num_features: int, dim: int):
   return rows * norms[:, None]
 
 
-@jax.custom_jvp
-def max_over_features(u):
-  """max(u, axis=-1, keepdims=True) whose derivative is taken at the first argmax.
+@jax.custom_vjp
+def query_stabiliser(x, projection, u):
+  """max(u, axis=-1, keepdims=True) for u = x @ projection.T, whose derivative is taken at the
+  first argmax and sent straight to x and the projection through that feature's row.
 
-  `jnp.max`'s derivative compares u with the broadcast maximum and shares the tangent among
-  ties: on the CPU that materialised the [.., features] broadcast and a mask the size of u,
-  forward and backward. This one gathers one tangent per row. Both are derivatives of the same
-  function; they differ only where two features tie exactly for the maximum."""
+  The derivative of `jnp.max` is a mask the size of u ([.., features]); here it is a gather
+  of one projection row per position ([.., dim]). The feature index is a min over a select,
+  which XLA:CPU vectorises; `jnp.argmax` is a two-operand reduce, which it does not.
+  It is the derivative of the same function; it differs from jnp.max's only where two
+  features tie exactly for the maximum (jnp.max shares the tangent among them)."""
   return jnp.max(u, axis=-1, keepdims=True)
 
 
-@max_over_features.defjvp
-def _max_over_features_jvp(primals, tangents):
-  (u,), (du,) = primals, tangents
-  first_argmax = jnp.argmax(u, axis=-1)[..., None]
-  return (jnp.take_along_axis(u, first_argmax, axis=-1),
-          jnp.take_along_axis(du, first_argmax, axis=-1))
+def _query_stabiliser_fwd(x, projection, u):
+  stabiliser = jnp.max(u, axis=-1, keepdims=True)
+  features = u.shape[-1]
+  first_argmax = jnp.min(jnp.where(u == stabiliser, jnp.arange(features, dtype=jnp.int32),
+                                   features), axis=-1)                # [...]
+  return stabiliser, (x, projection, first_argmax)
 
 
-def positive_features(x, projection, valid=None):
-  """x: [batch, heads, time, dim] -> [batch, heads, time, features] (float32), phi(x) m^1/2.
+def _query_stabiliser_bwd(residuals, d_stabiliser):
+  x, projection, first_argmax = residuals                             # d_stabiliser [..., 1]
+  d_x = d_stabiliser * projection[first_argmax]                       # [..., dim]
+  d_projection = jnp.zeros_like(projection).at[first_argmax.reshape(-1)].add(
+      (d_stabiliser * x).reshape(-1, x.shape[-1]))
+  return d_x, d_projection, None
+
+
+query_stabiliser.defvjp(_query_stabiliser_fwd, _query_stabiliser_bwd)
+
+
+def exp_features(x, projection, valid=None):
+  """x: [batch, heads, time, dim] -> [batch, heads, time, features] (float32):
+  phi(x) m^1/2 - eps, i.e. exp(w_r . x' - |x'|^2 / 2 - c) (zero for padded keys).
 
   valid: None for queries (stabiliser per position); a [batch, time] bool key mask for keys
   (stabiliser over valid positions; padded rows set to zero).
@@ -69,14 +83,23 @@ def positive_features(x, projection, valid=None):
   u = jnp.einsum("bhtd,md->bhtm", x, projection)
   half_sq_norm = 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
   if valid is None:
-    stabiliser = max_over_features(u)
+    stabiliser = query_stabiliser(x, projection, u)
   else:
     valid = valid[:, None, :, None]
     stabiliser = jnp.max(jnp.where(valid, u, -jnp.inf), axis=(2, 3), keepdims=True)
     stabiliser = jax.lax.stop_gradient(jnp.where(jnp.isfinite(stabiliser), stabiliser, 0.0))
-  features = jnp.exp(u - half_sq_norm - stabiliser) + FEATURE_EPS
+  features = jnp.exp(u - half_sq_norm - stabiliser)
   if valid is not None:
     features = jnp.where(valid, features, 0.0)
+  return features
+
+
+def positive_features(x, projection, valid=None):
+  """x: [batch, heads, time, dim] -> [batch, heads, time, features] (float32), phi(x) m^1/2.
+  See exp_features for `valid`."""
+  features = exp_features(x, projection, valid) + FEATURE_EPS
+  if valid is not None:
+    features = jnp.where(valid[:, None, :, None], features, 0.0)
   return features
 
 
@@ -93,13 +116,20 @@ def with_ones_column(values):
 
 
 def favor_attention(q, k, v, key_mask, projection):
-  """Linear-time attention: [batch, time, heads, dim] -> same shape, O(n * m * dim)."""
-  phi_q = positive_features(heads_major(q), projection)             # [batch, heads, q_len, m]
-  phi_k = positive_features(heads_major(k), projection, key_mask)   # [batch, heads, k_len, m]
+  """Linear-time attention: [batch, time, heads, dim] -> same shape, O(n * m * dim).
+
+  The features' eps is added through the products' linearity, not to the [.., features]
+  arrays: phi_k^T [v, 1] = E_k^T [v, 1] + eps * sum over valid keys of [v, 1], and
+  phi_q kv = E_q kv + eps * sum over features of kv (E = phi m^1/2 - eps, exp_features)."""
+  exp_q = exp_features(heads_major(q), projection)                  # [batch, heads, q_len, m]
+  exp_k = exp_features(heads_major(k), projection, key_mask)        # [batch, heads, k_len, m]
   # A column of ones beside v gives the normaliser phi_q . sum_k phi_k from the same matmuls.
-  v_ones = with_ones_column(heads_major(v).astype(jnp.float32))
-  kv = jnp.einsum("bhkm,bhkd->bhmd", phi_k, v_ones)                 # [batch, heads, m, dim+1]
-  out = jnp.einsum("bhqm,bhmd->bhqd", phi_q, kv)                    # [batch, heads, q_len, dim+1]
+  v_ones = with_ones_column(heads_major(v).astype(jnp.float32))     # [batch, heads, k_len, d+1]
+  valid_v_sum = jnp.sum(jnp.where(key_mask[:, None, :, None], v_ones, 0.0), axis=2)  # [b, h, d+1]
+  kv = (jnp.einsum("bhkm,bhkd->bhmd", exp_k, v_ones)
+        + FEATURE_EPS * valid_v_sum[:, :, None, :])                  # [batch, heads, m, d+1]
+  out = (jnp.einsum("bhqm,bhmd->bhqd", exp_q, kv)
+         + FEATURE_EPS * jnp.sum(kv, axis=2)[:, :, None, :])         # [batch, heads, q_len, d+1]
   out = out[..., :-1] / jnp.maximum(out[..., -1:], 1e-30)
   return heads_major(out).astype(v.dtype)
 
