@@ -39,12 +39,27 @@ from multiformer_jax.model.attention.full import softmax_attention  # noqa: E402
 from multiformer_jax.model.attention.kernel import (favor_attention, heads_major,  # noqa: E402
                                                     orthogonal_gaussian_features,
                                                     with_ones_column)
+from multiformer_jax.model.attention import local_cpu  # noqa: E402
 from multiformer_jax.model.attention.local import local_attention  # noqa: E402
 from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
 LOCAL_WINDOWS = (5, 17, 33, 65, 129)
 KEY_BLOCK = 512   # the blockwise rows (model.key_block_size)
+
+
+def local_kinds():
+  """name -> (window, dilation, implementation). `auto` runs the CPU kernel where it applies
+  (local_cpu.py), `/xla` names the XLA band."""
+  kinds = {f"local({w})": (w, 1, "auto") for w in LOCAL_WINDOWS}
+  kinds["local(33,2)"] = (33, 2, "auto")
+  kinds["local(129)/xla"] = (129, 1, "xla")
+  return kinds
+
+
+def local_fn(window: int, dilation: int, implementation: str):
+  return lambda p, q, k, v, m: local_attention(q, k, v, m, window, dilation,
+                                               implementation=implementation)
 
 
 def kinds(head_dim: int, window_for_dense: int):
@@ -58,10 +73,8 @@ def kinds(head_dim: int, window_for_dense: int):
       "full": (lambda p, q, k, v, m: softmax_attention(q, k, v, m[:, None, None, :])[0],
                None, True),
   }
-  for w in LOCAL_WINDOWS:
-    table[f"local({w})"] = (lambda p, q, k, v, m, w=w: local_attention(q, k, v, m, w), None,
-                            False)
-  table["local(33,2)"] = (lambda p, q, k, v, m: local_attention(q, k, v, m, 33, 2), None, False)
+  for name, (window, dilation, implementation) in local_kinds().items():
+    table[name] = (local_fn(window, dilation, implementation), None, False)
   table["kernel(256)"] = (lambda p, q, k, v, m: favor_attention(q, k, v, m, projection), None,
                           False)
   table["kernel(256)/products"] = (lambda p, q, k, v, m: kernel_products(q, k, v, projection),
@@ -159,9 +172,17 @@ def main(argv=None):
       seconds = time_call(exe, params, q, k, v, mask, repeats=args.repeats)
       forward, _ = compiled(fn, params, q, k, v, mask)   # what evaluation pays
       forward_seconds = time_call(forward, params, q, k, v, mask, repeats=args.repeats)
-      if name.startswith("local"):   # FLOPs of the whole band, not of one scan step
+      if name in local_kinds():
+        window, dilation, implementation = local_kinds()[name]
+        # FLOPs of the XLA band (XLA counts a scan body once, and no custom call): the same
+        # for the kernel's rows, which multiply fewer entries (only the band's).
         with local_heads_in_one_chunk():
-          stats["flops"] = compiled(fwd_bwd(fn), params, q, k, v, mask)[1]["flops"]
+          stats["flops"] = compiled(fwd_bwd(local_fn(window, dilation, "xla")), params, q, k, v,
+                                    mask)[1]["flops"]
+        if implementation == "auto" and local_cpu.kernel_unsupported(q, window // 2, 0.0) is None:
+          # The kernel's own memory is outside XLA's buffers: counted in with the temporaries.
+          scratch = local_cpu.scratch_bytes(n * dilation, args.head_dim)
+          stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)
       if name in CUDNN_COUNTERPARTS:   # equal work: the same outputs as our kind's
         counterpart = table[CUDNN_COUNTERPARTS[name]][0]
         difference = jnp.max(jnp.abs(forward(params, q, k, v, mask).astype(jnp.float32) -

@@ -1,0 +1,366 @@
+// Exact centred sliding-window attention on the CPU, forward and backward, as XLA FFI
+// handlers (multiformer_jax/model/attention/local_cpu.py builds and calls them).
+//
+// Query i attends to keys j with |i - j| <= radius and key_mask[j]. Queries are taken in tiles
+// of kTile; a tile's scores are computed against the keys its band spans (kTile + 2 * radius,
+// rounded to whole vectors), not against whole key blocks, so the products do ~1.1x the band's
+// work for radius 64 (a block-of-64 layout in XLA does 1.5x). Each (batch, head) is one task;
+// tasks run on an OpenMP team. Arrays are [batch, time, heads, head_dim] float32, read in place
+// (rows of one head are heads * head_dim apart); keys and values are transposed per task into a
+// [head_dim, time] scratch so that sixteen consecutive keys form one vector.
+//
+// The backward recomputes each tile's weights from the saved log-sum-exp (FlashAttention-2's
+// scheme): dP = dO V^T, dS = P (dP - rowsum(dO * O)), dQ = scale dS K, dK += scale dS^T Q,
+// dV += P^T dO.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+typedef float vec __attribute__((vector_size(64)));   // 16 floats: one AVX-512 register
+typedef int32_t ivec __attribute__((vector_size(64)));
+constexpr int kLanes = 16;
+constexpr int kTile = 4;          // queries per tile
+constexpr int kGroup = 4;         // key vectors per register block of the score product
+constexpr float kMaskedLogit = -1e30f;
+constexpr int kMaxVectors = 64;   // key vectors per tile: radius <= 494
+
+inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof(v)); return v; }
+inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(v)); }
+inline vec splat(float x) { return vec{} + x; }
+
+struct Geometry {
+  int64_t batch, time, heads, dim;
+  int64_t offset(int64_t b, int64_t t, int64_t h) const { return ((b * time + t) * heads + h) * dim; }
+};
+
+// [time, dim] rows of head (b, h) -> [dim, padded] columns, zero beyond `time`.
+void transpose_rows(const float* x, const Geometry& g, int64_t b, int64_t h, int64_t padded,
+                    float* out) {
+  std::fill(out, out + g.dim * padded, 0.0f);
+  for (int64_t t = 0; t < g.time; ++t) {
+    const float* src = x + g.offset(b, t, h);
+    for (int64_t d = 0; d < g.dim; ++d) out[d * padded + t] = src[d];
+  }
+}
+
+// scores[t][c] = scale * sum_d rows[t][d] * columns[d][first + c], for c < vectors * 16.
+// rows: kTile pointers (nullptr rows give zeros); columns: [dim, padded].
+template <int D>
+void tile_products(const float* const rows[kTile], const float* columns, int64_t padded,
+                   int64_t first, int vectors, float scale, float* scores, int stride) {
+  for (int v0 = 0; v0 < vectors; v0 += kGroup) {
+    const int width = std::min(kGroup, vectors - v0);
+    vec acc[kTile][kGroup] = {};
+    for (int d = 0; d < D; ++d) {
+      const float* column = columns + d * padded + first + v0 * kLanes;
+      vec keys[kGroup];
+      for (int u = 0; u < kGroup; ++u) keys[u] = u < width ? load(column + u * kLanes) : vec{};
+      for (int t = 0; t < kTile; ++t) {
+        const vec q = splat(rows[t] ? rows[t][d] : 0.0f);
+        for (int u = 0; u < kGroup; ++u) acc[t][u] += q * keys[u];
+      }
+    }
+    for (int t = 0; t < kTile; ++t)
+      for (int u = 0; u < width; ++u) store(scores + t * stride + (v0 + u) * kLanes, acc[t][u] * scale);
+  }
+}
+
+// out[t][:] += sum_c weights[t][c] * x[first + c][:] over the keys [lo, hi) of the tile.
+template <int D>
+void weighted_rows(const float* weights, int stride, const float* x, const Geometry& g,
+                   int64_t b, int64_t h, int64_t first, int64_t lo, int64_t hi,
+                   vec out[kTile][D / kLanes]) {
+  for (int64_t j = lo; j < hi; ++j) {
+    const float* row = x + g.offset(b, j, h);
+    vec values[D / kLanes];
+    for (int c = 0; c < D / kLanes; ++c) values[c] = load(row + c * kLanes);
+    for (int t = 0; t < kTile; ++t) {
+      const vec w = splat(weights[t * stride + (j - first)]);
+      for (int c = 0; c < D / kLanes; ++c) out[t][c] += w * values[c];
+    }
+  }
+}
+
+struct Band {
+  int64_t radius;
+  // The keys tile [i0, i0 + kTile) can see: [lo, hi), read from `first` (lo rounded down to a
+  // vector) in `vectors` whole vectors.
+  int64_t lo, hi, first;
+  int vectors;
+  void place(int64_t i0, int64_t time) {
+    lo = std::max<int64_t>(0, i0 - radius);
+    hi = std::min<int64_t>(time, i0 + kTile - 1 + radius + 1);
+    first = lo - lo % kLanes;
+    vectors = static_cast<int>((hi - first + kLanes - 1) / kLanes);
+  }
+};
+
+// exp(x) for x <= 0 to float precision: 2^k e^r, |r| <= ln2 / 2, e^r by its Taylor series to
+// r^6 (relative error ~1e-7); 0 below -87 (e^-87 is at the bottom of float's normal range).
+inline vec exp_nonpositive(vec x) {
+  const ivec under = x < -87.0f;
+  x = under ? splat(-87.0f) : x;
+  const vec k = __builtin_convertvector(__builtin_convertvector(x * 1.44269504f - 0.5f, ivec), vec);
+  const vec r = (x - k * 0.693145752f) - k * 1.42860677e-6f;
+  vec p = splat(1.0f / 720);
+  p = p * r + 1.0f / 120; p = p * r + 1.0f / 24; p = p * r + 1.0f / 6;
+  p = p * r + 0.5f; p = p * r + 1.0f; p = p * r + 1.0f;
+  const ivec exponent = (__builtin_convertvector(k, ivec) + 127) << 23;
+  vec scale;
+  std::memcpy(&scale, &exponent, sizeof(scale));
+  return under ? vec{} : p * scale;
+}
+
+inline float lane_max(vec x) { float m = x[0]; for (int l = 1; l < kLanes; ++l) m = std::max(m, x[l]); return m; }
+inline float lane_sum(vec x) { float s = 0.0f; for (int l = 0; l < kLanes; ++l) s += x[l]; return s; }
+
+// Scores of the tile's queries -> weights exp(s - shift) in the band, zero elsewhere; writes
+// the row maxima and sums when `lse` is null, else uses shift = lse[i].
+template <int D>
+void tile_weights(const float* q, const float* key_columns, int64_t padded, const Geometry& g,
+                  int64_t b, int64_t h, int64_t i0, const Band& band, const bool* mask,
+                  float scale, const float* lse, float* weights, int stride, float* peak,
+                  float* total) {
+  const float* rows[kTile];
+  for (int t = 0; t < kTile; ++t)
+    rows[t] = i0 + t < g.time ? q + g.offset(b, i0 + t, h) : nullptr;
+  tile_products<D>(rows, key_columns, padded, band.first, band.vectors, scale, weights, stride);
+  // valid[c]: key first + c exists and is not padding.
+  float valid[kMaxVectors * kLanes];
+  for (int c = 0; c < band.vectors * kLanes; ++c) {
+    const int64_t j = band.first + c;
+    valid[c] = (j >= band.lo && j < band.hi && mask[j]) ? 1.0f : 0.0f;
+  }
+  vec lanes;
+  for (int l = 0; l < kLanes; ++l) lanes[l] = static_cast<float>(l);
+  for (int t = 0; t < kTile; ++t) {
+    const int64_t i = i0 + t;
+    float* w = weights + t * stride;
+    // In the band: first + c in [i - radius, i + radius].
+    const float band_lo = static_cast<float>(i - band.radius - band.first);
+    const float band_hi = static_cast<float>(i + band.radius - band.first);
+    auto visible = [&](int v) {
+      const vec c = lanes + static_cast<float>(v * kLanes);
+      return (c >= band_lo) & (c <= band_hi) & (load(valid + v * kLanes) > 0.5f);
+    };
+    if (i >= g.time) { std::fill(w, w + band.vectors * kLanes, 0.0f); continue; }
+    float shift;
+    if (lse) {
+      shift = lse[i];
+    } else {
+      vec m = splat(kMaskedLogit);
+      for (int v = 0; v < band.vectors; ++v) {
+        const vec s = load(w + v * kLanes);
+        m = visible(v) ? (s > m ? s : m) : m;
+      }
+      shift = lane_max(m);
+    }
+    vec sum{};
+    for (int v = 0; v < band.vectors; ++v) {
+      const vec e = visible(v) ? exp_nonpositive(load(w + v * kLanes) - shift) : vec{};
+      store(w + v * kLanes, e);
+      sum += e;
+    }
+    if (!lse) { peak[t] = shift; total[t] = lane_sum(sum); }
+  }
+}
+
+template <int D>
+void forward_task(const float* q, const float* k, const float* v, const bool* mask_all,
+                  const Geometry& g, int64_t radius, int64_t b, int64_t h, float* out,
+                  float* lse_all, std::vector<float>& scratch) {
+  const int64_t padded = (g.time + kLanes - 1) / kLanes * kLanes + kLanes;
+  const int stride = static_cast<int>(((kTile + 2 * radius) / kLanes + 2) * kLanes);
+  scratch.resize(D * padded + kTile * stride);
+  float* key_columns = scratch.data();
+  float* weights = key_columns + D * padded;
+  transpose_rows(k, g, b, h, padded, key_columns);
+  const bool* mask = mask_all + b * g.time;
+  float* lse = lse_all + (b * g.heads + h) * g.time;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Band band{radius};
+  for (int64_t i0 = 0; i0 < g.time; i0 += kTile) {
+    band.place(i0, g.time);
+    float peak[kTile], total[kTile];
+    tile_weights<D>(q, key_columns, padded, g, b, h, i0, band, mask, scale, nullptr, weights,
+                    stride, peak, total);
+    vec acc[kTile][D / kLanes] = {};
+    weighted_rows<D>(weights, stride, v, g, b, h, band.first, band.lo, band.hi, acc);
+    for (int t = 0; t < kTile && i0 + t < g.time; ++t) {
+      const float normaliser = std::max(total[t], 1e-30f);
+      float* o = out + g.offset(b, i0 + t, h);
+      for (int c = 0; c < D / kLanes; ++c) store(o + c * kLanes, acc[t][c] / normaliser);
+      lse[i0 + t] = peak[t] + std::log(normaliser);
+    }
+  }
+}
+
+template <int D>
+void backward_task(const float* q, const float* k, const float* v, const bool* mask_all,
+                   const float* out, const float* lse_all, const float* d_out,
+                   const Geometry& g, int64_t radius, int64_t b, int64_t h, float* d_q,
+                   float* d_k, float* d_v, std::vector<float>& scratch) {
+  const int64_t padded = (g.time + kLanes - 1) / kLanes * kLanes + kLanes;
+  const int stride = static_cast<int>(((kTile + 2 * radius) / kLanes + 2) * kLanes);
+  scratch.resize(2 * D * padded + 2 * kTile * stride);
+  float* key_columns = scratch.data();
+  float* value_columns = key_columns + D * padded;
+  float* probs = value_columns + D * padded;
+  float* d_scores = probs + kTile * stride;
+  transpose_rows(k, g, b, h, padded, key_columns);
+  transpose_rows(v, g, b, h, padded, value_columns);
+  for (int64_t t = 0; t < g.time; ++t) {
+    std::fill(d_k + g.offset(b, t, h), d_k + g.offset(b, t, h) + D, 0.0f);
+    std::fill(d_v + g.offset(b, t, h), d_v + g.offset(b, t, h) + D, 0.0f);
+  }
+  const bool* mask = mask_all + b * g.time;
+  const float* lse = lse_all + (b * g.heads + h) * g.time;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  Band band{radius};
+  for (int64_t i0 = 0; i0 < g.time; i0 += kTile) {
+    band.place(i0, g.time);
+    tile_weights<D>(q, key_columns, padded, g, b, h, i0, band, mask, scale, lse, probs, stride,
+                    nullptr, nullptr);
+    const float* rows[kTile];
+    float delta[kTile] = {};
+    for (int t = 0; t < kTile; ++t) {
+      rows[t] = i0 + t < g.time ? d_out + g.offset(b, i0 + t, h) : nullptr;
+      if (!rows[t]) continue;
+      const float* o = out + g.offset(b, i0 + t, h);
+      for (int d = 0; d < D; ++d) delta[t] += rows[t][d] * o[d];
+    }
+    tile_products<D>(rows, value_columns, padded, band.first, band.vectors, 1.0f, d_scores,
+                     stride);
+    for (int t = 0; t < kTile; ++t)
+      for (int c = 0; c < band.vectors * kLanes; ++c) {
+        float& ds = d_scores[t * stride + c];
+        ds = probs[t * stride + c] * (ds - delta[t]) * scale;
+      }
+    vec acc[kTile][D / kLanes] = {};
+    weighted_rows<D>(d_scores, stride, k, g, b, h, band.first, band.lo, band.hi, acc);
+    for (int t = 0; t < kTile && i0 + t < g.time; ++t) {
+      float* dq = d_q + g.offset(b, i0 + t, h);
+      for (int c = 0; c < D / kLanes; ++c) store(dq + c * kLanes, acc[t][c]);
+    }
+    // dK_j += sum_t dS[t][j] q_t, dV_j += sum_t P[t][j] dO_t.
+    vec q_rows[kTile][D / kLanes], d_out_rows[kTile][D / kLanes];
+    for (int t = 0; t < kTile; ++t)
+      for (int c = 0; c < D / kLanes; ++c) {
+        const bool in = i0 + t < g.time;
+        q_rows[t][c] = in ? load(q + g.offset(b, i0 + t, h) + c * kLanes) : vec{};
+        d_out_rows[t][c] = in ? load(d_out + g.offset(b, i0 + t, h) + c * kLanes) : vec{};
+      }
+    for (int64_t j = band.lo; j < band.hi; ++j) {
+      float* dk = d_k + g.offset(b, j, h);
+      float* dv = d_v + g.offset(b, j, h);
+      vec sum_k[D / kLanes], sum_v[D / kLanes];
+      for (int c = 0; c < D / kLanes; ++c) { sum_k[c] = load(dk + c * kLanes); sum_v[c] = load(dv + c * kLanes); }
+      for (int t = 0; t < kTile; ++t) {
+        const vec ds = splat(d_scores[t * stride + (j - band.first)]);
+        const vec p = splat(probs[t * stride + (j - band.first)]);
+        for (int c = 0; c < D / kLanes; ++c) {
+          sum_k[c] += ds * q_rows[t][c];
+          sum_v[c] += p * d_out_rows[t][c];
+        }
+      }
+      for (int c = 0; c < D / kLanes; ++c) { store(dk + c * kLanes, sum_k[c]); store(dv + c * kLanes, sum_v[c]); }
+    }
+  }
+}
+
+Geometry geometry(const ffi::Buffer<ffi::F32>& x) {
+  const auto dims = x.dimensions();
+  return Geometry{dims[0], dims[1], dims[2], dims[3]};
+}
+
+template <typename Task>
+void for_each_head(const Geometry& g, Task task) {
+  const int64_t tasks = g.batch * g.heads;
+#pragma omp parallel
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic)
+    for (int64_t n = 0; n < tasks; ++n) task(n / g.heads, n % g.heads, scratch);
+  }
+}
+
+ffi::Error check(const Geometry& g, int64_t radius) {
+  if (g.dim != 32 && g.dim != 64 && g.dim != 128)
+    return ffi::Error::InvalidArgument("local_band: head_dim must be 32, 64 or 128");
+  if (radius < 0 || (kTile + 2 * radius) / kLanes + 2 > kMaxVectors)
+    return ffi::Error::InvalidArgument("local_band: radius out of range");
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                   ffi::Buffer<ffi::PRED> key_mask, ffi::ResultBuffer<ffi::F32> out,
+                   ffi::ResultBuffer<ffi::F32> lse, int64_t radius) {
+  const Geometry g = geometry(q);
+  if (auto error = check(g, radius); error.failure()) return error;
+  const bool* mask = key_mask.typed_data();
+  for_each_head(g, [&](int64_t b, int64_t h, std::vector<float>& scratch) {
+    const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
+    float *op = out->typed_data(), *lp = lse->typed_data();
+    if (g.dim == 32) forward_task<32>(qp, kp, vp, mask, g, radius, b, h, op, lp, scratch);
+    if (g.dim == 64) forward_task<64>(qp, kp, vp, mask, g, radius, b, h, op, lp, scratch);
+    if (g.dim == 128) forward_task<128>(qp, kp, vp, mask, g, radius, b, h, op, lp, scratch);
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
+                    ffi::Buffer<ffi::PRED> key_mask, ffi::Buffer<ffi::F32> out,
+                    ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_out,
+                    ffi::ResultBuffer<ffi::F32> d_q, ffi::ResultBuffer<ffi::F32> d_k,
+                    ffi::ResultBuffer<ffi::F32> d_v, int64_t radius) {
+  const Geometry g = geometry(q);
+  if (auto error = check(g, radius); error.failure()) return error;
+  for_each_head(g, [&](int64_t b, int64_t h, std::vector<float>& scratch) {
+    const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
+    const float *op = out.typed_data(), *lp = lse.typed_data(), *dop = d_out.typed_data();
+    const bool* mask = key_mask.typed_data();
+    float *dq = d_q->typed_data(), *dk = d_k->typed_data(), *dv = d_v->typed_data();
+    if (g.dim == 32)
+      backward_task<32>(qp, kp, vp, mask, op, lp, dop, g, radius, b, h, dq, dk, dv, scratch);
+    if (g.dim == 64)
+      backward_task<64>(qp, kp, vp, mask, op, lp, dop, g, radius, b, h, dq, dk, dv, scratch);
+    if (g.dim == 128)
+      backward_task<128>(qp, kp, vp, mask, op, lp, dop, g, radius, b, h, dq, dk, dv, scratch);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LocalBandForward, Forward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("radius"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(LocalBandBackward, Backward,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("radius"));

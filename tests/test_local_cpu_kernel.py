@@ -1,0 +1,123 @@
+"""The C++ local-attention kernel (local_cpu.py) against the XLA band and numpy."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from multiformer_jax.model.attention import local_cpu
+from multiformer_jax.model.attention.local import LocalAttention, local_attention
+
+RNG = np.random.default_rng(0)
+
+
+def qkv(batch, length, heads, dim):
+  return tuple(jnp.asarray(RNG.normal(size=(batch, length, heads, dim)), jnp.float32)
+               for _ in range(3))
+
+
+def lengths_mask(length, valid_lengths):
+  return jnp.asarray(np.arange(length)[None] < np.asarray(valid_lengths)[:, None])
+
+
+def value_and_grads(implementation, q, k, v, mask, window, dilation=1):
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+  loss = lambda q, k, v: jnp.sum(local_attention(
+      q, k, v, mask, window, dilation, implementation=implementation) * cotangent)
+  return jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
+
+
+@pytest.mark.parametrize("length,window,head_dim", [
+    (37, 1, 64), (37, 9, 32), (37, 33, 64), (37, 129, 128), (150, 65, 64), (150, 129, 32)])
+def test_kernel_equals_the_xla_band(length, window, head_dim):
+  """Values and gradients, with padded keys and an utterance with no valid key at all; lengths
+  that are no multiple of the kernel's tile or vector, windows from 1 to wider than the
+  sequence."""
+  q, k, v = qkv(3, length, 2, head_dim)
+  mask = lengths_mask(length, [length, length - 11, 0])
+  (want, want_grads), (got, got_grads) = (value_and_grads(implementation, q, k, v, mask, window)
+                                          for implementation in ("xla", "cpu"))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, atol=2e-5)
+
+
+def test_kernel_equals_numpy_banded_softmax():
+  q, k, v = qkv(2, 45, 3, 32)
+  mask = lengths_mask(45, [45, 30])
+  out = np.asarray(local_attention(q, k, v, mask, 11, implementation="cpu"))
+  qn, kn, vn, mn = (np.asarray(x, np.float64) for x in (q, k, v, mask))
+  offsets = np.arange(45)[None, :] - np.arange(45)[:, None]
+  visible = (np.abs(offsets) <= 5)[None, None] & (mn[:, None, None, :] > 0)    # [b, 1, q, k]
+  logits = np.einsum("bqhd,bkhd->bhqk", qn, kn) / np.sqrt(32)
+  weights = np.where(visible, np.exp(logits - logits.max(-1, keepdims=True)), 0.0)
+  # Queries of utterance 2 past position 35 see no valid key: they output zeros.
+  weights /= np.maximum(weights.sum(-1, keepdims=True), 1e-30)
+  np.testing.assert_allclose(out, np.einsum("bhqk,bkhd->bqhd", weights, vn), atol=1e-5)
+
+
+def test_dilated_window_through_the_kernel():
+  q, k, v = qkv(2, 40, 2, 64)
+  mask = lengths_mask(40, [40, 25])
+  (want, want_grads), (got, got_grads) = (value_and_grads(implementation, q, k, v, mask, 5, 3)
+                                          for implementation in ("xla", "cpu"))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, atol=2e-5)
+
+
+def calls_the_kernel(fn, *args) -> bool:
+  return local_cpu.FORWARD in str(jax.make_jaxpr(fn)(*args))
+
+
+def test_auto_takes_the_kernel_only_where_it_applies():
+  q, k, v = qkv(1, 40, 2, 64)
+  mask = jnp.ones((1, 40), bool)
+  key = jax.random.PRNGKey(0)
+  assert calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9), q)
+  assert not calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9, implementation="xla"), q)
+  assert not calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9, dropout_rate=0.1,
+                                                        dropout_rng=key), q)
+  half = lambda x: x.astype(jnp.bfloat16)
+  assert not calls_the_kernel(lambda q: local_attention(half(q), half(k), half(v), mask, 9), q)
+  q48 = jnp.zeros((1, 40, 2, 48))
+  assert not calls_the_kernel(lambda q: local_attention(q, q, q, mask, 9), q48)
+  with pytest.raises(ValueError, match="attention dropout is active"):
+    local_attention(q, k, v, mask, 9, dropout_rate=0.1, dropout_rng=key, implementation="cpu")
+  with pytest.raises(ValueError, match="valid: .*'auto', 'xla', 'cpu'"):
+    local_attention(q, k, v, mask, 9, implementation="pallas")
+
+
+def test_module_xla_and_auto_agree():
+  q, k, v = qkv(2, 30, 2, 32)
+  mask = lengths_mask(30, [30, 12])
+  outs = [LocalAttention(7, implementation=implementation).apply({}, q, k, v, mask)
+          for implementation in ("xla", "auto")]
+  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+
+
+def test_without_a_compiler_local_heads_take_the_xla_band(monkeypatch, tmp_path):
+  monkeypatch.setenv("CXX", "no-such-compiler-xyz")
+  monkeypatch.setenv("MULTIFORMER_KERNEL_CACHE", str(tmp_path))
+  local_cpu._registered.cache_clear()
+  try:
+    q, k, v = qkv(1, 20, 1, 32)
+    reason = local_cpu.kernel_unsupported(q, 4, 0.0)
+    assert "no-such-compiler-xyz" in reason and "$CXX" in reason
+    assert not calls_the_kernel(lambda q: local_attention(q, k, v, jnp.ones((1, 20), bool), 9),
+                                q)
+    with pytest.raises(ValueError, match="no-such-compiler-xyz"):
+      local_attention(q, k, v, jnp.ones((1, 20), bool), 9, implementation="cpu")
+  finally:
+    local_cpu._registered.cache_clear()
+
+
+def test_a_failed_build_names_the_compiler_output(monkeypatch, tmp_path):
+  """A compiler that fails leaves no library behind and reports its output."""
+  fake = tmp_path / "fake-cxx"
+  fake.write_text("#!/bin/sh\necho 'fatal: out of disk' >&2\nexit 3\n")
+  fake.chmod(0o755)
+  monkeypatch.setenv("MULTIFORMER_KERNEL_CACHE", str(tmp_path / "cache"))
+  with pytest.raises(RuntimeError, match="failed \\(3\\): fatal: out of disk"):
+    local_cpu.build(str(fake))
+  assert not list((tmp_path / "cache").glob("*.so"))
