@@ -45,8 +45,14 @@ def _machine(meta):
 def _cmd(command: str) -> str:
   """The recorded argv (joined with spaces) as a shell command line to run from the repository
   root, quoted where an argument holds ';' or parentheses."""
-  command = shlex.join(command.split(" "))
-  return command if command.startswith(("python", "/")) else f"python {command}"
+  words = command.split(" ")
+  environment = []                      # leading VAR=value words stay before `python`
+  while words and "=" in words[0] and not words[0].startswith("-"):
+    environment.append(words.pop(0))
+  command = shlex.join(words)
+  if not command.startswith(("python", "/")):
+    command = f"python {command}"
+  return " ".join(environment + [command])
 
 
 def _options(row) -> str:
@@ -229,6 +235,9 @@ fwd+bwd of sum(attention(q, k, v)), batch {meta['batch']}, {meta['heads']} heads
 `dense_masked(129)` is `jax.nn.dot_product_attention(local_window_size=(64, 64))`;
 `kernel(256)/products` is kernel(256)'s matrix products alone, without its exponentials and
 normalisation: the floor under kernel(256) on this machine.
+`local(w)` rows run the C++ kernel on the CPU (local_cpu.py; their temporaries include its own
+scratch, outside XLA's buffers, and their FLOPs are the XLA band's, which multiplies more
+entries); `local(129)/xla` is the XLA band (local.py) for the same function.
 
 Seconds:
 
