@@ -145,6 +145,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   lengths = [int(n) for n in args.lengths.split(",")]
   table = kinds(args.head_dim, args.dense_window)
+  local_specs = local_kinds()
   on_gpu = jax.default_backend() == "gpu"
   table.update(cudnn_kinds() if on_gpu else {})
   only = re.split(r",(?![^(]*\))", args.only)   # commas outside parentheses: conv(5,2)
@@ -172,8 +173,8 @@ def main(argv=None):
       seconds = time_call(exe, params, q, k, v, mask, repeats=args.repeats)
       forward, _ = compiled(fn, params, q, k, v, mask)   # what evaluation pays
       forward_seconds = time_call(forward, params, q, k, v, mask, repeats=args.repeats)
-      if name in local_kinds():
-        window, dilation, implementation = local_kinds()[name]
+      if name in local_specs:
+        window, dilation, implementation = local_specs[name]
         # FLOPs of the XLA band (XLA counts a scan body once, and no custom call): the same
         # for the kernel's rows, which multiply fewer entries (only the band's).
         with local_heads_in_one_chunk():

@@ -36,6 +36,15 @@ def value_and_grads(implementation, q, k, v, mask, window, dilation=1):
   return jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
 
 
+def assert_kernel_matches_the_xla_band(q, k, v, mask, window, dilation=1):
+  (want, want_grads), (got, got_grads) = (
+      value_and_grads(implementation, q, k, v, mask, window, dilation)
+      for implementation in ("xla", "cpu"))
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, atol=2e-5)
+
+
 @needs_compiler
 @pytest.mark.parametrize("length,window,head_dim", [
     (37, 1, 64), (37, 9, 32), (37, 33, 64), (37, 129, 128), (150, 65, 64), (150, 129, 32)])
@@ -45,11 +54,7 @@ def test_kernel_equals_the_xla_band(length, window, head_dim):
   sequence."""
   q, k, v = qkv(3, length, 2, head_dim)
   mask = lengths_mask(length, [length, length - 11, 0])
-  (want, want_grads), (got, got_grads) = (value_and_grads(implementation, q, k, v, mask, window)
-                                          for implementation in ("xla", "cpu"))
-  np.testing.assert_allclose(got, want, rtol=1e-5)
-  for g, w in zip(got_grads, want_grads):
-    np.testing.assert_allclose(g, w, atol=2e-5)
+  assert_kernel_matches_the_xla_band(q, k, v, mask, window)
 
 
 @needs_compiler
@@ -71,11 +76,7 @@ def test_kernel_equals_numpy_banded_softmax():
 def test_dilated_window_through_the_kernel():
   q, k, v = qkv(2, 40, 2, 64)
   mask = lengths_mask(40, [40, 25])
-  (want, want_grads), (got, got_grads) = (value_and_grads(implementation, q, k, v, mask, 5, 3)
-                                          for implementation in ("xla", "cpu"))
-  np.testing.assert_allclose(got, want, rtol=1e-5)
-  for g, w in zip(got_grads, want_grads):
-    np.testing.assert_allclose(g, w, atol=2e-5)
+  assert_kernel_matches_the_xla_band(q, k, v, mask, 5, 3)
 
 
 def calls_the_kernel(fn, *args) -> bool:

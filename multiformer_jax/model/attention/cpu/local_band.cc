@@ -42,6 +42,13 @@ struct Geometry {
   int64_t offset(int64_t b, int64_t t, int64_t h) const { return ((b * time + t) * heads + h) * dim; }
 };
 
+// Columns of the transposed keys and values: whole vectors, plus one so that a tile's last
+// vector may start at its last key.
+int64_t padded_time(int64_t time) { return (time + kLanes - 1) / kLanes * kLanes + kLanes; }
+
+// Key vectors a tile's row of weights holds: the keys its band spans, from a vector boundary.
+int64_t tile_vectors(int64_t radius) { return (kTile + 2 * radius) / kLanes + 2; }
+
 // [time, dim] rows of head (b, h) -> [dim, padded] columns, zero beyond `time`.
 void transpose_rows(const float* x, const Geometry& g, int64_t b, int64_t h, int64_t padded,
                     float* out) {
@@ -178,8 +185,8 @@ template <int D>
 void forward_task(const float* q, const float* k, const float* v, const bool* mask_all,
                   const Geometry& g, int64_t radius, int64_t b, int64_t h, float* out,
                   float* lse_all, std::vector<float>& scratch) {
-  const int64_t padded = (g.time + kLanes - 1) / kLanes * kLanes + kLanes;
-  const int stride = static_cast<int>(((kTile + 2 * radius) / kLanes + 2) * kLanes);
+  const int64_t padded = padded_time(g.time);
+  const int stride = static_cast<int>(tile_vectors(radius) * kLanes);
   scratch.resize(D * padded + kTile * stride);
   float* key_columns = scratch.data();
   float* weights = key_columns + D * padded;
@@ -209,8 +216,8 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
                    const float* out, const float* lse_all, const float* d_out,
                    const Geometry& g, int64_t radius, int64_t b, int64_t h, float* d_q,
                    float* d_k, float* d_v, std::vector<float>& scratch) {
-  const int64_t padded = (g.time + kLanes - 1) / kLanes * kLanes + kLanes;
-  const int stride = static_cast<int>(((kTile + 2 * radius) / kLanes + 2) * kLanes);
+  const int64_t padded = padded_time(g.time);
+  const int stride = static_cast<int>(tile_vectors(radius) * kLanes);
   scratch.resize(2 * D * padded + 2 * kTile * stride);
   float* key_columns = scratch.data();
   float* value_columns = key_columns + D * padded;
@@ -296,7 +303,7 @@ void for_each_head(const Geometry& g, Task task) {
 ffi::Error check(const Geometry& g, int64_t radius) {
   if (g.dim != 32 && g.dim != 64 && g.dim != 128)
     return ffi::Error::InvalidArgument("local_band: head_dim must be 32, 64 or 128");
-  if (radius < 0 || (kTile + 2 * radius) / kLanes + 2 > kMaxVectors)
+  if (radius < 0 || tile_vectors(radius) > kMaxVectors)
     return ffi::Error::InvalidArgument("local_band: radius out of range");
   return ffi::Error::Success();
 }
