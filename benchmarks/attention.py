@@ -39,7 +39,7 @@ from multiformer_jax.model.attention.full import softmax_attention  # noqa: E402
 from multiformer_jax.model.attention.kernel import (favor_attention, heads_major,  # noqa: E402
                                                     orthogonal_gaussian_features,
                                                     with_ones_column)
-from multiformer_jax.model.attention import local_cpu  # noqa: E402
+from multiformer_jax.model.attention import kernel_cpu, local_cpu  # noqa: E402
 from multiformer_jax.model.attention.local import local_attention  # noqa: E402
 from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
@@ -55,6 +55,16 @@ def local_kinds():
   kinds["local(33,2)"] = (33, 2, "auto")
   kinds["local(129)/xla"] = (129, 1, "xla")
   return kinds
+
+
+def kernel_kinds():
+  """name -> implementation: `auto` runs the CPU kernel where it applies (kernel_cpu.py),
+  `/xla` names the XLA path."""
+  return {"kernel(256)": "auto", "kernel(256)/xla": "xla"}
+
+
+def kernel_fn(projection, implementation: str):
+  return lambda p, q, k, v, m: favor_attention(q, k, v, m, projection, implementation)
 
 
 def local_fn(window: int, dilation: int, implementation: str):
@@ -75,8 +85,8 @@ def kinds(head_dim: int, window_for_dense: int):
   }
   for name, (window, dilation, implementation) in local_kinds().items():
     table[name] = (local_fn(window, dilation, implementation), None, False)
-  table["kernel(256)"] = (lambda p, q, k, v, m: favor_attention(q, k, v, m, projection), None,
-                          False)
+  for name, implementation in kernel_kinds().items():
+    table[name] = (kernel_fn(projection, implementation), None, False)
   table["kernel(256)/products"] = (lambda p, q, k, v, m: kernel_products(q, k, v, projection),
                                    None, False)
   table[f"full/blockwise({KEY_BLOCK})"] = (
@@ -146,6 +156,7 @@ def main(argv=None):
   lengths = [int(n) for n in args.lengths.split(",")]
   table = kinds(args.head_dim, args.dense_window)
   local_specs = local_kinds()
+  kernel_specs = kernel_kinds()
   on_gpu = jax.default_backend() == "gpu"
   table.update(cudnn_kinds() if on_gpu else {})
   only = re.split(r",(?![^(]*\))", args.only)   # commas outside parentheses: conv(5,2)
@@ -183,6 +194,15 @@ def main(argv=None):
         if implementation == "auto" and local_cpu.kernel_unsupported(q, window // 2, 0.0) is None:
           # The kernel's own memory is outside XLA's buffers: counted in with the temporaries.
           scratch = local_cpu.scratch_bytes(n * dilation, args.head_dim)
+          stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)
+      if name in kernel_specs:
+        # FLOPs of the XLA path (XLA counts none in a custom call): the same function.
+        projection = orthogonal_gaussian_features(jax.random.PRNGKey(0), 256, args.head_dim)
+        stats["flops"] = compiled(fwd_bwd(kernel_fn(projection, "xla")), params, q, k, v,
+                                  mask)[1]["flops"]
+        if (kernel_specs[name] == "auto"
+            and kernel_cpu.kernel_unsupported(q, k, projection) is None):
+          scratch = kernel_cpu.scratch_bytes(n, args.head_dim, 256)
           stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)
       if name in CUDNN_COUNTERPARTS:   # equal work: the same outputs as our kind's
         counterpart = table[CUDNN_COUNTERPARTS[name]][0]

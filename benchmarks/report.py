@@ -233,11 +233,12 @@ environment with torch, local-attention 1.11.2 and performer-pytorch 1.1.4).
 fwd+bwd of sum(attention(q, k, v)), batch {meta['batch']}, {meta['heads']} heads x
 {meta['head_dim']} dims, all positions valid; median of 3 after a warm-up.
 `dense_masked(129)` is `jax.nn.dot_product_attention(local_window_size=(64, 64))`;
-`kernel(256)/products` is kernel(256)'s matrix products alone, without its exponentials and
-normalisation: the floor under kernel(256) on this machine.
-`local(w)` rows run the C++ kernel on the CPU (local_cpu.py; their temporaries include its own
-scratch, outside XLA's buffers, and their FLOPs are the XLA band's, which multiplies more
-entries); `local(129)/xla` is the XLA band (local.py) for the same function.
+`kernel(256)/products` is kernel(256)'s matrix products alone in XLA, without its
+exponentials and normalisation: the floor under its XLA path on this machine.
+`local(w)` and `kernel(256)` rows run the C++ kernels on the CPU (local_cpu.py, kernel_cpu.py;
+their temporaries include the kernels' own scratch, outside XLA's buffers, and their FLOPs are
+the XLA paths', which for local heads multiply more entries); `local(129)/xla` and
+`kernel(256)/xla` are the XLA paths (local.py, kernel.py) for the same functions.
 
 Seconds:
 

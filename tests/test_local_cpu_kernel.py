@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax.model.attention import local_cpu
+from multiformer_jax.model.attention import cpu_kernels, local_cpu
 from multiformer_jax.model.attention.local import LocalAttention, local_attention
 
 RNG = np.random.default_rng(0)
@@ -114,7 +114,7 @@ def test_module_xla_and_auto_agree():
 def test_without_a_compiler_local_heads_take_the_xla_band(monkeypatch, tmp_path):
   monkeypatch.setenv("CXX", "no-such-compiler-xyz")
   monkeypatch.setenv("MULTIFORMER_KERNEL_CACHE", str(tmp_path))
-  local_cpu._registered.cache_clear()
+  cpu_kernels.unavailable.cache_clear()
   try:
     q, k, v = qkv(1, 20, 1, 32)
     reason = local_cpu.kernel_unsupported(q, 4, 0.0)
@@ -124,7 +124,7 @@ def test_without_a_compiler_local_heads_take_the_xla_band(monkeypatch, tmp_path)
     with pytest.raises(ValueError, match="no-such-compiler-xyz"):
       local_attention(q, k, v, jnp.ones((1, 20), bool), 9, implementation="cpu")
   finally:
-    local_cpu._registered.cache_clear()
+    cpu_kernels.unavailable.cache_clear()
 
 
 def test_a_failed_build_names_the_compiler_output(monkeypatch, tmp_path):
@@ -134,5 +134,5 @@ def test_a_failed_build_names_the_compiler_output(monkeypatch, tmp_path):
   fake.chmod(0o755)
   monkeypatch.setenv("MULTIFORMER_KERNEL_CACHE", str(tmp_path / "cache"))
   with pytest.raises(RuntimeError, match="failed \\(3\\): fatal: out of disk"):
-    local_cpu.build(str(fake))
+    cpu_kernels.build(str(fake))
   assert not list((tmp_path / "cache").glob("*.so"))

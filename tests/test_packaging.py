@@ -31,3 +31,19 @@ def test_packages_and_dependencies():
     assert os.path.exists(os.path.join(REPO, package, "__init__.py")), package
   assert project["tool"]["setuptools"]["dynamic"]["dependencies"]["file"] == [
       "requirements.txt"]
+
+
+def test_the_cpu_kernels_sources_ship_with_the_package():
+  """Every source and local header cpu_kernels.py compiles matches the package data, and the
+  sources include no local header it does not key its cache on."""
+  import fnmatch
+  import re
+
+  from multiformer_jax.model.attention import cpu_kernels
+  globs = _pyproject()["tool"]["setuptools"]["package-data"]["multiformer_jax.model.attention"]
+  for name in cpu_kernels.SOURCES + cpu_kernels.HEADERS:
+    assert any(fnmatch.fnmatch(f"cpu/{name}", pattern) for pattern in globs), name
+  for name in cpu_kernels.SOURCES:
+    text = (cpu_kernels.SOURCE_DIR / name).read_text()
+    local = {h for h in re.findall(r'#include "([^"]+)"', text) if not h.startswith("xla/")}
+    assert local <= set(cpu_kernels.HEADERS), (name, local)

@@ -58,7 +58,8 @@ class ModelConfig:
   local_block_size: int = 0
   key_block_size: int = AUTO
   ffn_token_chunk: int = AUTO
-  attention_implementation: str = "auto"   # auto | xla | cudnn | flash (fused.py, local.py)
+  attention_implementation: str = "auto"   # auto | xla | cudnn | flash (fused.py, local.py,
+                                           # kernel.py)
   qkv_bias: bool = True
   dtype: str = "float32"
   max_target_positions: int = 1024

@@ -31,11 +31,13 @@ def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed:
   if isinstance(kind, layout_lib.FullHeads):
     return FullAttention(attention_dropout, key_block_size, implementation, name=name)
   if isinstance(kind, layout_lib.LocalHeads):
-    # 'xla' keeps every head kind on XLA; the GPU kernels' names leave local heads on 'auto'.
+    # 'xla' keeps every head kind on XLA; the GPU kernels' names leave local and kernel heads
+    # on 'auto' (their CPU kernels where they apply).
     return LocalAttention(kind.window, kind.dilation, local_block_size, attention_dropout,
                           "xla" if implementation == "xla" else "auto", name=name)
   if isinstance(kind, layout_lib.KernelHeads):
-    return KernelAttention(kind.features, kernel_redraw, kernel_seed, name=name)
+    return KernelAttention(kind.features, kernel_redraw, kernel_seed,
+                           "xla" if implementation == "xla" else "auto", name=name)
   if isinstance(kind, layout_lib.ConvHeads):
     return ConvAttention(kind.kernel, kind.stride, kind.conv_type, attention_dropout,
                          key_block_size, implementation, name=name)
