@@ -34,6 +34,7 @@ using namespace multiformer;
 constexpr int kRows = 64;     // positions per tile
 constexpr int kBlock = 4;     // rows of a register block
 constexpr int kChunk = 4;     // vectors of a register block's columns
+constexpr int kSumBlock = 32; // features summed apart before joining a product's total
 
 struct Geometry {
   int64_t batch, time, heads, dim, features;
@@ -70,6 +71,7 @@ void rows_times(const float* x, int64_t ldx, int rows, const float* w, int64_t m
 }
 
 // y[r][:D] = sum_f e[r][f] w[f][:D] for r < rows; e: [rows, m] (rows m apart), w: [m, D].
+// Summed in blocks of kSumBlock features, each block's sum then added to y.
 template <int D>
 void features_times(const float* e, int rows, const float* w, int64_t m, float* y,
                     int64_t ldy) {
@@ -78,23 +80,29 @@ void features_times(const float* e, int rows, const float* w, int64_t m, float* 
     const int height = std::min(kBlock, rows - r0);
     for (int c0 = 0; c0 < kVectors; c0 += kChunk) {
       const int width = std::min(kChunk, kVectors - c0);
-      vec acc[kBlock][kChunk] = {};
-      for (int64_t f = 0; f < m; ++f) {
-        const float* wf = w + f * D + c0 * kLanes;
-        vec wv[kChunk];
-        for (int c = 0; c < kChunk; ++c) wv[c] = c < width ? load(wf + c * kLanes) : vec{};
-        for (int i = 0; i < kBlock; ++i) {
-          const vec es = splat(i < height ? e[(r0 + i) * m + f] : 0.0f);
-          for (int c = 0; c < kChunk; ++c) acc[i][c] += es * wv[c];
+      for (int64_t f0 = 0; f0 < m; f0 += kSumBlock) {
+        vec acc[kBlock][kChunk] = {};
+        for (int64_t f = f0; f < std::min(m, f0 + kSumBlock); ++f) {
+          const float* wf = w + f * D + c0 * kLanes;
+          vec wv[kChunk];
+          for (int c = 0; c < kChunk; ++c) wv[c] = c < width ? load(wf + c * kLanes) : vec{};
+          for (int i = 0; i < kBlock; ++i) {
+            const vec es = splat(i < height ? e[(r0 + i) * m + f] : 0.0f);
+            for (int c = 0; c < kChunk; ++c) acc[i][c] += es * wv[c];
+          }
         }
+        for (int i = 0; i < height; ++i)
+          for (int c = 0; c < width; ++c) {
+            float* out = y + (r0 + i) * ldy + (c0 + c) * kLanes;
+            store(out, f0 == 0 ? acc[i][c] : load(out) + acc[i][c]);
+          }
       }
-      for (int i = 0; i < height; ++i)
-        for (int c = 0; c < width; ++c) store(y + (r0 + i) * ldy + (c0 + c) * kLanes, acc[i][c]);
     }
   }
 }
 
 // acc[f][:D] += sum_r e[r][f] x[r][:D] for r < rows; e: [rows, m], x rows `ldx` apart.
+// The rows' sum is formed apart, then added to acc (a tile's sum at a time).
 template <int D>
 void accumulate_outer(const float* e, int rows, const float* x, int64_t ldx, int64_t m,
                       float* acc) {
@@ -102,10 +110,7 @@ void accumulate_outer(const float* e, int rows, const float* x, int64_t ldx, int
   for (int64_t f0 = 0; f0 < m; f0 += kBlock) {
     for (int c0 = 0; c0 < kVectors; c0 += kChunk) {
       const int width = std::min(kChunk, kVectors - c0);
-      vec sum[kBlock][kChunk];
-      for (int i = 0; i < kBlock; ++i)
-        for (int c = 0; c < kChunk; ++c)
-          sum[i][c] = c < width ? load(acc + (f0 + i) * D + (c0 + c) * kLanes) : vec{};
+      vec sum[kBlock][kChunk] = {};
       for (int r = 0; r < rows; ++r) {
         const float* xr = x + r * ldx + c0 * kLanes;
         vec xv[kChunk];
@@ -116,18 +121,33 @@ void accumulate_outer(const float* e, int rows, const float* x, int64_t ldx, int
         }
       }
       for (int i = 0; i < kBlock; ++i)
-        for (int c = 0; c < width; ++c) store(acc + (f0 + i) * D + (c0 + c) * kLanes, sum[i][c]);
+        for (int c = 0; c < width; ++c) {
+          float* out = acc + (f0 + i) * D + (c0 + c) * kLanes;
+          store(out, load(out) + sum[i][c]);
+        }
     }
   }
 }
 
-// out[:n] += sum_r rows[r][:n] (rows `ld` apart), n a multiple of kLanes.
+// out[:n] += sum_r rows[r][:n] (rows `ld` apart), n a multiple of kLanes; summed in blocks
+// of kLanes rows, each block's sum then added to the total.
 void add_rows(const float* rows, int count, int64_t ld, int64_t n, float* out) {
   for (int64_t c = 0; c < n; c += kLanes) {
-    vec s = load(out + c);
-    for (int r = 0; r < count; ++r) s += load(rows + r * ld + c);
-    store(out + c, s);
+    vec total{};
+    for (int r0 = 0; r0 < count; r0 += kLanes) {
+      vec s{};
+      for (int r = r0; r < std::min(count, r0 + kLanes); ++r) s += load(rows + r * ld + c);
+      total += s;
+    }
+    store(out + c, load(out + c) + total);
   }
+}
+
+// sum of x[:n], n a multiple of kLanes: sixteen partial sums.
+float sum_blocked(const float* x, int64_t n) {
+  vec s{};
+  for (int64_t c = 0; c < n; c += kLanes) s += load(x + c);
+  return lane_sum(s);
 }
 
 float dot(const float* a, const float* b, int64_t n) {
@@ -203,16 +223,19 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
   float valid_sum[D + kLanes] = {};     // sum over valid keys of [v, 1]; [D] counts them
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
+    float tile_sum[D + 1] = {};
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       float* e = e_k + t * m;
       if (!mask[t]) { std::fill(e, e + m, 0.0f); continue; }
-      const vec shift = splat(half_sq[t] + c);
-      for (int64_t f = 0; f < m; f += kLanes) store(e + f, exp_nonpositive(load(e + f) - shift));
+      const vec norm = splat(half_sq[t]), stabiliser = splat(c);
+      for (int64_t f = 0; f < m; f += kLanes)
+        store(e + f, exp_nonpositive((load(e + f) - norm) - stabiliser));
       const float* vt = v + g.row(b, t, h);
-      for (int j = 0; j < D; ++j) valid_sum[j] += vt[j];
-      valid_sum[D] += 1.0f;
+      for (int j = 0; j < D; ++j) tile_sum[j] += vt[j];
+      tile_sum[D] += 1.0f;
     }
+    for (int j = 0; j <= D; ++j) valid_sum[j] += tile_sum[j];
     accumulate_outer<D>(e_k + t0 * m, rows, v + g.row(b, t0, h), ld, m, kv);
     add_rows(e_k + t0 * m, rows, m, m, ksum);
   }
@@ -221,11 +244,9 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
     ksum[f] += eps * valid_sum[D];
   }
   // sum over features of KV1, for the queries' eps share.
-  float kv_total[D + 1] = {};
-  for (int64_t f = 0; f < m; ++f) {
-    for (int j = 0; j < D; ++j) kv_total[j] += kv[f * D + j];
-    kv_total[D] += ksum[f];
-  }
+  float kv_total[D + kLanes] = {};
+  add_rows(kv, static_cast<int>(m), D, D, kv_total);
+  kv_total[D] = sum_blocked(ksum, m);
   // Queries: u into e_q, each row's stabiliser and first argmax, E, then O1 = E KV1 + eps ...
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
@@ -282,7 +303,7 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
   // Queries: dL/dE_q = dO1 KV1^T; dKV1 += E_q^T dO1; d_q = d_u W - s (h' + c').
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
-    float d_total[kRows];
+    float d_total[kRows], tile_sum[D + 1] = {};
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       const float total = den[t];
@@ -293,10 +314,11 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
       d_total[r] = any_key ? -dot(d_ot, o, D) / clipped : 0.0f;
       for (int j = 0; j < D; ++j) {
         d_o[r * D + j] = d_ot[j] / clipped;
-        d_o_sum[j] += d_o[r * D + j];
+        tile_sum[j] += d_o[r * D + j];
       }
-      d_o_sum[D] += d_total[r];
+      tile_sum[D] += d_total[r];
     }
+    for (int j = 0; j <= D; ++j) d_o_sum[j] += tile_sum[j];
     const float* e = e_q + t0 * m;
     rows_times<D>(d_o, D, rows, kv_by_dim, m, d_e, m);
     accumulate_outer<D>(e, rows, d_o, D, m, d_kv);
@@ -327,8 +349,8 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
   }
   transpose(d_kv, m, D, d_kv_by_dim);
   float d_kv_total[D] = {};              // eps's share of each valid key's d_v
-  for (int64_t f = 0; f < m; ++f)
-    for (int j = 0; j < D; ++j) d_kv_total[j] += eps * d_kv[f * D + j];
+  add_rows(d_kv, static_cast<int>(m), D, D, d_kv_total);
+  for (int j = 0; j < D; ++j) d_kv_total[j] *= eps;
   // Keys: dL/dE_k = v dKV^T + d_ksum; d_v = E_k dKV (+ eps's share); d_k = d_u W - s h'.
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
@@ -365,7 +387,8 @@ void for_each_head(const Geometry& g, Task task) {
   const int64_t tasks = g.batch * g.heads;
 #pragma omp parallel
   {
-    Scratch scratch;
+    // Kept by each thread of the team between calls: no allocation or first touch per call.
+    static thread_local Scratch scratch;
 #pragma omp for schedule(dynamic)
     for (int64_t n = 0; n < tasks; ++n) task(n / g.heads, n % g.heads, scratch);
   }

@@ -271,7 +271,8 @@ void for_each_head(const Geometry& g, Task task) {
   const int64_t tasks = g.batch * g.heads;
 #pragma omp parallel
   {
-    std::vector<float> scratch;
+    // Kept by each thread of the team between calls: no allocation or first touch per call.
+    static thread_local std::vector<float> scratch;
 #pragma omp for schedule(dynamic)
     for (int64_t n = 0; n < tasks; ++n) task(n / g.heads, n % g.heads, scratch);
   }
