@@ -1,33 +1,22 @@
 """The C++ FAVOR+ kernel (kernel_cpu.py) against kernel.py's XLA path."""
 
-import os
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax.model.attention import cpu_kernels, kernel_cpu
+from multiformer_jax.model.attention import MultiHeadMultiAttention, cpu_kernels, kernel_cpu
 from multiformer_jax.model.attention.kernel import (KernelAttention, favor_attention,
                                                     orthogonal_gaussian_features)
+from multiformer_jax.model.layout import parse_layout
+from tests.test_local_cpu_kernel import lengths_mask, needs_compiler
 
 RNG = np.random.default_rng(0)
-
-# Where no C++ compiler exists the kernel cannot be built and kernel heads take the XLA path
-# (tested below with a missing compiler); a compiler that exists but fails fails these tests.
-needs_compiler = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "g++")) is None,
-    reason="no C++ compiler ($CXX, default g++) to build the CPU kernel")
 
 
 def qkv(batch, length, heads, dim, scale=1.0):
   return tuple(jnp.asarray(scale * RNG.normal(size=(batch, length, heads, dim)), jnp.float32)
                for _ in range(3))
-
-
-def lengths_mask(length, valid_lengths):
-  return jnp.asarray(np.arange(length)[None] < np.asarray(valid_lengths)[:, None])
 
 
 def value_and_grads(implementation, q, k, v, mask, projection):
@@ -155,3 +144,26 @@ def test_without_a_compiler_kernel_heads_take_the_xla_path(monkeypatch, tmp_path
       favor_attention(q, k, v, mask, projection, "cpu")
   finally:
     cpu_kernels.unavailable.cache_clear()
+
+
+@needs_compiler
+def test_a_layer_of_kernel_heads_takes_the_kernel_unless_told_xla():
+  """MultiHeadMultiAttention routes kernel heads to the kernel under the default
+  attention_implementation and keeps them on XLA under 'xla'; the layer's outputs and its
+  parameters' gradients agree."""
+  (layer,) = parse_layout("1x(2*kernel(64)+2*full)")
+  x = jnp.asarray(RNG.normal(size=(2, 24, 128)), jnp.float32)          # head_dim 32
+  mask = lengths_mask(24, [24, 17])
+  modules = {implementation: MultiHeadMultiAttention(128, layer,
+                                                     attention_implementation=implementation)
+             for implementation in ("auto", "xla")}
+  params = modules["xla"].init(jax.random.PRNGKey(0), x, mask)["params"]
+  apply = {name: (lambda p, module=module: module.apply({"params": p}, x, mask))
+           for name, module in modules.items()}
+  assert calls_the_kernel(apply["auto"], params)
+  assert not calls_the_kernel(apply["xla"], params)
+  loss = lambda name: jax.value_and_grad(lambda p: jnp.sum(apply[name](p) ** 2))(params)
+  (want, want_grads), (got, got_grads) = loss("xla"), loss("auto")
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, w in zip(jax.tree_util.tree_leaves(got_grads), jax.tree_util.tree_leaves(want_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)

@@ -22,11 +22,13 @@ import threading
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import jaxlib
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("local_band.cc", "favor.cc")
 HEADERS = ("simd.h",)
+HEAD_DIMS = (32, 64, 128)     # the head sizes both kernels are instantiated for
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 # FFI target name -> the handler symbol the library exports.
 TARGETS = {
@@ -100,3 +102,14 @@ def unavailable() -> str | None:
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(library, symbol)),
                                   platform="cpu")
     return None
+
+
+def inputs_unsupported(q) -> str | None:
+  """Why no CPU kernel can take these queries (backend, dtype, head size); None where one can."""
+  if jax.default_backend() != "cpu":
+    return f"the default backend is {jax.default_backend()!r}, not 'cpu'"
+  if q.dtype != jnp.float32:
+    return f"dtype {q.dtype} (the kernel is float32)"
+  if q.shape[-1] not in HEAD_DIMS:
+    return f"head_dim {q.shape[-1]} (the kernel has {HEAD_DIMS})"
+  return None

@@ -4,7 +4,7 @@ It computes what kernel.py's favor_attention computes (FAVOR+ with the same feat
 stabilisers, eps and masking), forward and backward, with the exponentials, maxima and sums
 done on tiles of positions between the products while they are in cache: XLA:CPU runs them as
 separate passes over [batch, heads, time, m] arrays. Other backends, dtypes other than float32
-and head sizes other than HEAD_DIMS take the XLA path.
+and head sizes other than cpu_kernels.HEAD_DIMS take the XLA path.
 
 The random features are constants here: the backward returns no gradient for them (neither
 redraw policy trains them; `implementation="xla"` differentiates them too). The kernel is built
@@ -22,7 +22,6 @@ import numpy as np
 
 from multiformer_jax.model.attention import cpu_kernels
 
-HEAD_DIMS = (32, 64, 128)
 FEATURE_MULTIPLE = 16     # favor.cc: kLanes
 ROWS = 64                 # favor.cc: kRows, positions per tile
 FORWARD, BACKWARD = "multiformer_favor_forward", "multiformer_favor_backward"
@@ -30,12 +29,8 @@ FORWARD, BACKWARD = "multiformer_favor_forward", "multiformer_favor_backward"
 
 def kernel_unsupported(q, k, projection) -> str | None:
   """Why the kernel cannot compute these heads; None where it can (building it if needed)."""
-  if jax.default_backend() != "cpu":
-    return f"the default backend is {jax.default_backend()!r}, not 'cpu'"
-  if q.dtype != jnp.float32:
-    return f"dtype {q.dtype} (the kernel is float32)"
-  if q.shape[-1] not in HEAD_DIMS:
-    return f"head_dim {q.shape[-1]} (the kernel has {HEAD_DIMS})"
+  if reason := cpu_kernels.inputs_unsupported(q):
+    return reason
   if q.shape != k.shape:
     return f"queries {q.shape} and keys {k.shape} differ in shape (the kernel is self-attention)"
   if projection.shape[0] % FEATURE_MULTIPLE:

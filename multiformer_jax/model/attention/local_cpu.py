@@ -5,7 +5,7 @@ valid keys j with |i - j| <= w//2), forward and backward, but only the band: til
 queries against the keys their band spans, so at radius 64 it multiplies ~1.1x the band's
 entries where the XLA band's blocks of 64 multiply 1.5x, and it forms no key windows. It has
 no attention dropout: calls with dropout active take the XLA band (which applies it), as do
-other backends, dtypes other than float32 and head sizes other than HEAD_DIMS.
+other backends, dtypes other than float32 and head sizes other than cpu_kernels.HEAD_DIMS.
 
 The kernel is built and loaded by cpu_kernels.py; where it cannot be, local heads take the XLA
 band.
@@ -22,7 +22,6 @@ import numpy as np
 
 from multiformer_jax.model.attention import cpu_kernels
 
-HEAD_DIMS = (32, 64, 128)
 MAX_RADIUS = 480          # local_band.cc: kMaxVectors key vectors per tile of queries
 TILE, LANES = 4, 16       # local_band.cc: kTile, kLanes
 FORWARD, BACKWARD = "multiformer_local_band_forward", "multiformer_local_band_backward"
@@ -30,12 +29,8 @@ FORWARD, BACKWARD = "multiformer_local_band_forward", "multiformer_local_band_ba
 
 def kernel_unsupported(q, radius: int, dropout_rate: float) -> str | None:
   """Why the kernel cannot compute these heads; None where it can (building it if needed)."""
-  if jax.default_backend() != "cpu":
-    return f"the default backend is {jax.default_backend()!r}, not 'cpu'"
-  if q.dtype != jnp.float32:
-    return f"dtype {q.dtype} (the kernel is float32)"
-  if q.shape[-1] not in HEAD_DIMS:
-    return f"head_dim {q.shape[-1]} (the kernel has {HEAD_DIMS})"
+  if reason := cpu_kernels.inputs_unsupported(q):
+    return reason
   if dropout_rate > 0.0:
     return "attention dropout is active (the kernel has none; the XLA band applies it)"
   if radius > MAX_RADIUS:

@@ -10,12 +10,13 @@
 // Padded keys have E = 0 and no eps. The query stabiliser's derivative is taken at the first
 // argmax (kernel.py's query_stabiliser); the key stabiliser is a constant (stop_gradient).
 //
-// Each (batch, head) is one task on an OpenMP team. Positions are taken in tiles of kRows;
-// every product is done on a tile while it is in cache, with the exponentials, maxima and
-// row sums done on the same tile between products, so no [time, m] array is read or written
-// between the passes XLA would make. The forward writes E_q and E_k where the caller gives it
-// room for them (the residuals the backward reads, as XLA's autodiff of favor_attention keeps
-// them); an inference call gives none, and they stay in per-thread scratch.
+// Each (batch, head) is one task on an OpenMP team. Positions are taken in tiles of kRows: a
+// tile's exponentials, maxima and row sums are done between its products while it is in
+// cache, where XLA:CPU makes a pass over a [time, m] array for each. The forward writes E_q
+// and E_k where the caller gives it room (the residuals the backward reads, as XLA's autodiff
+// of favor_attention keeps them); an inference call gives none, and they stay in per-thread
+// scratch. Long sums (over an utterance's positions, over the features) are formed in blocks
+// whose sums are then added, which keeps the float32 rounding near XLA's.
 
 #include <cmath>
 #include <cstdint>
