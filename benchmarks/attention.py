@@ -200,8 +200,7 @@ def main(argv=None):
         projection = orthogonal_gaussian_features(jax.random.PRNGKey(0), 256, args.head_dim)
         stats["flops"] = compiled(fwd_bwd(kernel_fn(projection, "xla")), params, q, k, v,
                                   mask)[1]["flops"]
-        if (kernel_specs[name] == "auto"
-            and kernel_cpu.kernel_unsupported(q, k, projection) is None):
+        if kernel_specs[name] == "auto" and kernel_cpu.kernel_unsupported(q, k) is None:
           scratch = kernel_cpu.scratch_bytes(n, args.head_dim, 256)
           stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)
       if name in CUDNN_COUNTERPARTS:   # equal work: the same outputs as our kind's

@@ -37,11 +37,12 @@ def assert_kernel_matches_xla(q, k, v, mask, projection, atol=2e-5):
 
 @needs_compiler
 @pytest.mark.parametrize("length,head_dim,features", [
-    (150, 64, 256), (37, 32, 48), (70, 128, 64), (5, 64, 16)])
+    (150, 64, 256), (37, 32, 48), (70, 128, 64), (5, 64, 16), (90, 64, 266), (20, 32, 7)])
 def test_kernel_equals_the_xla_path(length, head_dim, features):
   """Values and gradients, with padded keys and an utterance with no valid key at all; lengths
   that are no multiple of the kernel's tile (64) or register block (4), feature counts that
-  are no multiple of its column block (64)."""
+  are no multiple of its column block (64) or of its vectors (16: padded, 266 as in
+  multiformer_fast)."""
   q, k, v = qkv(3, length, 2, head_dim)
   mask = lengths_mask(length, [length, max(length - 11, 1), 0])
   projection = orthogonal_gaussian_features(jax.random.PRNGKey(length), features, head_dim)
@@ -90,9 +91,12 @@ def test_auto_takes_the_kernel_only_where_it_applies():
   assert not calls_the_kernel(lambda q: attend(half(q), half(k), half(v)), q)
   q8 = jnp.zeros((1, 40, 2, 8))
   assert not calls_the_kernel(lambda q: attend(q, q, q, p=projection[:, :8]), q8)
-  assert not calls_the_kernel(lambda q: attend(q, k, v, p=projection[:40]), q)   # 40 features
-  with pytest.raises(ValueError, match="40 features"):
-    attend(q, k, v, "cpu", projection[:40])
+  assert calls_the_kernel(lambda q: attend(q, k, v, p=projection[:40]), q)   # padded to 48
+  cross = lambda q, implementation="auto": favor_attention(
+      q, k[:, :30], v[:, :30], jnp.ones((1, 30), bool), projection, implementation)
+  assert not calls_the_kernel(cross, q)
+  with pytest.raises(ValueError, match="differ in shape"):
+    cross(q, "cpu")
   with pytest.raises(ValueError, match="valid: .*'auto', 'xla', 'cpu'"):
     attend(q, k, v, "pallas")
 

@@ -132,7 +132,7 @@ def favor_attention(q, k, v, key_mask, projection, implementation: str = "auto")
     raise ValueError(f"kernel attention implementation {implementation!r}; valid: "
                      f"{IMPLEMENTATIONS}")
   if implementation != "xla":
-    reason = kernel_unsupported(q, k, projection)
+    reason = kernel_unsupported(q, k)
     if reason is None:
       return favor_attention_cpu(q, k, v, key_mask.astype(bool), projection.astype(jnp.float32),
                                  FEATURE_EPS).astype(v.dtype)

@@ -22,19 +22,17 @@ import numpy as np
 
 from multiformer_jax.model.attention import cpu_kernels
 
-FEATURE_MULTIPLE = 16     # favor.cc: kLanes
+FEATURE_MULTIPLE = 16     # favor.cc: kLanes; other feature counts are padded with zero rows
 ROWS = 64                 # favor.cc: kRows, positions per tile
 FORWARD, BACKWARD = "multiformer_favor_forward", "multiformer_favor_backward"
 
 
-def kernel_unsupported(q, k, projection) -> str | None:
+def kernel_unsupported(q, k) -> str | None:
   """Why the kernel cannot compute these heads; None where it can (building it if needed)."""
   if reason := cpu_kernels.inputs_unsupported(q):
     return reason
   if q.shape != k.shape:
     return f"queries {q.shape} and keys {k.shape} differ in shape (the kernel is self-attention)"
-  if projection.shape[0] % FEATURE_MULTIPLE:
-    return f"{projection.shape[0]} features (the kernel needs a multiple of {FEATURE_MULTIPLE})"
   return cpu_kernels.unavailable()
 
 
@@ -43,6 +41,7 @@ def scratch_bytes(length: int, head_dim: int, features: int, threads: int | None
   """The kernel's own memory, outside XLA's buffers: per thread, the larger of the forward's
   (without a backward, the keys' features too) and the backward's (favor.cc's Scratch)."""
   threads = threads or os.cpu_count() or 1
+  features = -(-features // FEATURE_MULTIPLE) * FEATURE_MULTIPLE
   forward = length + ROWS * head_dim + (length * features + ROWS * features if inference else 0)
   backward = 3 * features * head_dim + features + ROWS * features + 2 * ROWS * head_dim
   return threads * 4 * max(forward, backward)
@@ -63,10 +62,17 @@ def _result_specs(q, features: int, for_backward: bool):
           spec((batch, heads, features), f32))                # KV1[:, d]
 
 
+def padded_projection(projection):
+  """[m, d] -> [m rounded up to FEATURE_MULTIPLE, d]: zero rows, which favor.cc leaves out."""
+  padding = -projection.shape[0] % FEATURE_MULTIPLE
+  return jnp.pad(projection, ((0, padding), (0, 0)))
+
+
 def _call_forward(q, k, v, key_mask, projection, eps, for_backward: bool):
-  return jax.ffi.ffi_call(FORWARD, _result_specs(q, projection.shape[0], for_backward),
+  padded = padded_projection(projection)
+  return jax.ffi.ffi_call(FORWARD, _result_specs(q, padded.shape[0], for_backward),
                           vmap_method="sequential")(
-      q, k, v, key_mask, projection, eps=np.float32(eps))
+      q, k, v, key_mask, padded, eps=np.float32(eps), features=np.int64(projection.shape[0]))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -83,9 +89,11 @@ def _forward(q, k, v, key_mask, projection, eps):
 
 
 def _backward(eps, residuals, d_out):
-  spec = jax.ShapeDtypeStruct(residuals[0].shape, jnp.float32)
+  q, k, v, key_mask, projection, *results = residuals
+  spec = jax.ShapeDtypeStruct(q.shape, jnp.float32)
   d_q, d_k, d_v = jax.ffi.ffi_call(BACKWARD, (spec, spec, spec), vmap_method="sequential")(
-      *residuals, d_out.astype(jnp.float32), eps=np.float32(eps))
+      q, k, v, key_mask, padded_projection(projection), *results, d_out.astype(jnp.float32),
+      eps=np.float32(eps), features=np.int64(projection.shape[0]))
   return d_q, d_k, d_v, None, None
 
 

@@ -7,7 +7,9 @@
 //   KV1 = phi_k^T [v, 1] = E_k^T [v, 1] + eps * sum over valid keys of [v, 1]     [m, d + 1]
 //   O1  = phi_q KV1     = E_q KV1 + eps * sum over features of KV1                 [t, d + 1]
 //   out = O1[:, :d] / O1[:, d], or 0 where no key is valid (O1 = 0 there: divided by 1).
-// Padded keys have E = 0 and no eps. The query stabiliser's derivative is taken at the first
+// Padded keys have E = 0 and no eps. Feature counts that are no multiple of 16 come with zero
+// rows of padding in P (attribute `features`: the real count); padded features have E = 0 and
+// no eps, so they change nothing. The query stabiliser's derivative is taken at the first
 // argmax (kernel.py's query_stabiliser); the key stabiliser is a constant (stop_gradient).
 //
 // Each (batch, head) is one task on an OpenMP team. Positions are taken in tiles of kRows: a
@@ -38,7 +40,9 @@ constexpr int kChunk = 4;     // vectors of a register block's columns
 constexpr int kSumBlock = 32; // features summed apart before joining a product's total
 
 struct Geometry {
-  int64_t batch, time, heads, dim, features;
+  int64_t batch, time, heads, dim;
+  int64_t features;   // columns of the feature arrays: the projection's rows, a multiple of kLanes
+  int64_t used;       // of which the real features: the rest are zero rows, padding
   int64_t row(int64_t b, int64_t t, int64_t h) const { return ((b * time + t) * heads + h) * dim; }
   int64_t task(int64_t b, int64_t h) const { return b * heads + h; }
   int64_t stride() const { return heads * dim; }     // between positions of one head
@@ -69,6 +73,13 @@ void rows_times(const float* x, int64_t ldx, int rows, const float* w, int64_t m
         for (int c = 0; c < width; ++c) store(y + (r0 + i) * ldy + c0 + c * kLanes, acc[i][c]);
     }
   }
+}
+
+// u[r][used:m] = -inf for r < rows: padded features take no part in a maximum, and their
+// exponentials are 0.
+void hide_padding(float* u, int rows, int64_t used, int64_t m) {
+  for (int r = 0; r < rows; ++r)
+    std::fill(u + r * m + used, u + (r + 1) * m, -std::numeric_limits<float>::infinity());
 }
 
 // y[r][:D] = sum_f e[r][f] w[f][:D] for r < rows; e: [rows, m] (rows m apart), w: [m, D].
@@ -206,6 +217,7 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
     rows_times<D>(k + g.row(b, t0, h), ld, rows, w.by_dim.data(), m, e_k + t0 * m, m);
+    hide_padding(e_k + t0 * m, rows, g.used, m);
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       half_sq[t] = half_square(k + g.row(b, t, h), D, w.norm_scale);
@@ -240,7 +252,7 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
     accumulate_outer<D>(e_k + t0 * m, rows, v + g.row(b, t0, h), ld, m, kv);
     add_rows(e_k + t0 * m, rows, m, m, ksum);
   }
-  for (int64_t f = 0; f < m; ++f) {
+  for (int64_t f = 0; f < g.used; ++f) {
     for (int j = 0; j < D; ++j) kv[f * D + j] += eps * valid_sum[j];
     ksum[f] += eps * valid_sum[D];
   }
@@ -253,6 +265,7 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
     float* e_tile = keep_queries ? e_q + t0 * m : e_q;
     rows_times<D>(q + g.row(b, t0, h), ld, rows, w.by_dim.data(), m, e_tile, m);
+    hide_padding(e_tile, rows, g.used, m);
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       float* e = e_tile + r * m;
@@ -344,7 +357,7 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
         dq[j] = d_x[r * D + j] - d_total[r] * (w.norm_scale * qt[j] + top_row[j]);
     }
   }
-  for (int64_t f = 0; f < m; ++f) {
+  for (int64_t f = 0; f < g.used; ++f) {
     for (int j = 0; j < D; ++j) d_kv[f * D + j] += eps * d_o_sum[j];
     d_ksum[f] += eps * d_o_sum[D];
   }
@@ -399,13 +412,17 @@ ffi::Error check(const Geometry& g) {
   if (g.dim != 32 && g.dim != 64 && g.dim != 128)
     return ffi::Error::InvalidArgument("favor: head_dim must be 32, 64 or 128");
   if (g.features <= 0 || g.features % kLanes != 0)
-    return ffi::Error::InvalidArgument("favor: the number of features must be a multiple of 16");
+    return ffi::Error::InvalidArgument("favor: the projection's rows must be a multiple of 16");
+  if (g.used <= g.features - kLanes || g.used > g.features)
+    return ffi::Error::InvalidArgument("favor: features must be the projection's rows less "
+                                       "fewer than 16 rows of padding");
   return ffi::Error::Success();
 }
 
-Geometry geometry(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::F32>& projection) {
+Geometry geometry(const ffi::Buffer<ffi::F32>& x, const ffi::Buffer<ffi::F32>& projection,
+                  int64_t used) {
   const auto dims = x.dimensions();
-  return Geometry{dims[0], dims[1], dims[2], dims[3], projection.dimensions()[0]};
+  return Geometry{dims[0], dims[1], dims[2], dims[3], projection.dimensions()[0], used};
 }
 
 ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
@@ -413,8 +430,8 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
                    ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> den,
                    ffi::ResultBuffer<ffi::S32> argmax, ffi::ResultBuffer<ffi::F32> e_q,
                    ffi::ResultBuffer<ffi::F32> e_k, ffi::ResultBuffer<ffi::F32> kv,
-                   ffi::ResultBuffer<ffi::F32> ksum, float eps) {
-  const Geometry g = geometry(q, projection);
+                   ffi::ResultBuffer<ffi::F32> ksum, float eps, int64_t features) {
+  const Geometry g = geometry(q, projection, features);
   if (auto error = check(g); error.failure()) return error;
   const Weights w = scaled_weights(projection.typed_data(), g.features, g.dim);
   for_each_head(g, [&](int64_t b, int64_t h, Scratch& s) {
@@ -444,8 +461,8 @@ ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffe
                     ffi::Buffer<ffi::F32> e_k, ffi::Buffer<ffi::F32> kv,
                     ffi::Buffer<ffi::F32> ksum, ffi::Buffer<ffi::F32> d_out,
                     ffi::ResultBuffer<ffi::F32> d_q, ffi::ResultBuffer<ffi::F32> d_k,
-                    ffi::ResultBuffer<ffi::F32> d_v, float eps) {
-  const Geometry g = geometry(q, projection);
+                    ffi::ResultBuffer<ffi::F32> d_v, float eps, int64_t features) {
+  const Geometry g = geometry(q, projection, features);
   if (auto error = check(g); error.failure()) return error;
   const Weights w = scaled_weights(projection.typed_data(), g.features, g.dim);
   for_each_head(g, [&](int64_t b, int64_t h, Scratch& s) {
@@ -484,7 +501,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FavorForward, Forward,
                                   .Ret<ffi::Buffer<ffi::F32>>()    // e_k
                                   .Ret<ffi::Buffer<ffi::F32>>()    // kv
                                   .Ret<ffi::Buffer<ffi::F32>>()    // ksum
-                                  .Attr<float>("eps"));
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("features"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(FavorBackward, Backward,
                               ffi::Ffi::Bind()
@@ -504,4 +522,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(FavorBackward, Backward,
                                   .Ret<ffi::Buffer<ffi::F32>>()    // d_q
                                   .Ret<ffi::Buffer<ffi::F32>>()    // d_k
                                   .Ret<ffi::Buffer<ffi::F32>>()    // d_v
-                                  .Attr<float>("eps"));
+                                  .Attr<float>("eps")
+                                  .Attr<int64_t>("features"));
