@@ -49,11 +49,14 @@ KEY_BLOCK = 512   # the blockwise rows (model.key_block_size)
 
 
 def local_kinds():
-  """name -> (window, dilation, implementation). `auto` runs the CPU kernel where it applies
-  (local_cpu.py), `/xla` names the XLA band."""
-  kinds = {f"local({w})": (w, 1, "auto") for w in LOCAL_WINDOWS}
-  kinds["local(33,2)"] = (33, 2, "auto")
-  kinds["local(129)/xla"] = (129, 1, "xla")
+  """name -> (window, dilation, implementation, attention dropout). `auto` runs the CPU kernel
+  where it applies (local_cpu.py), `/xla` names the XLA band; `/dropout` rows drop weights at
+  the recipes' rate, 0.1 (training)."""
+  kinds = {f"local({w})": (w, 1, "auto", 0.0) for w in LOCAL_WINDOWS}
+  kinds["local(33,2)"] = (33, 2, "auto", 0.0)
+  kinds["local(129)/xla"] = (129, 1, "xla", 0.0)
+  kinds["local(129)/dropout"] = (129, 1, "auto", 0.1)
+  kinds["local(129)/xla/dropout"] = (129, 1, "xla", 0.1)
   return kinds
 
 
@@ -67,9 +70,10 @@ def kernel_fn(projection, implementation: str):
   return lambda p, q, k, v, m: favor_attention(q, k, v, m, projection, implementation)
 
 
-def local_fn(window: int, dilation: int, implementation: str):
-  return lambda p, q, k, v, m: local_attention(q, k, v, m, window, dilation,
-                                               implementation=implementation)
+def local_fn(window: int, dilation: int, implementation: str, rate: float = 0.0):
+  key = jax.random.PRNGKey(0) if rate > 0.0 else None
+  return lambda p, q, k, v, m: local_attention(q, k, v, m, window, dilation, dropout_rate=rate,
+                                               dropout_rng=key, implementation=implementation)
 
 
 def kinds(head_dim: int, window_for_dense: int):
@@ -83,8 +87,8 @@ def kinds(head_dim: int, window_for_dense: int):
       "full": (lambda p, q, k, v, m: softmax_attention(q, k, v, m[:, None, None, :])[0],
                None, True),
   }
-  for name, (window, dilation, implementation) in local_kinds().items():
-    table[name] = (local_fn(window, dilation, implementation), None, False)
+  for name, spec in local_kinds().items():
+    table[name] = (local_fn(*spec), None, False)
   for name, implementation in kernel_kinds().items():
     table[name] = (kernel_fn(projection, implementation), None, False)
   table["kernel(256)/products"] = (lambda p, q, k, v, m: kernel_products(q, k, v, projection),
@@ -185,13 +189,14 @@ def main(argv=None):
       forward, _ = compiled(fn, params, q, k, v, mask)   # what evaluation pays
       forward_seconds = time_call(forward, params, q, k, v, mask, repeats=args.repeats)
       if name in local_specs:
-        window, dilation, implementation = local_specs[name]
+        window, dilation, implementation, rate = local_specs[name]
         # FLOPs of the XLA band (XLA counts a scan body once, and no custom call): the same
         # for the kernel's rows, which multiply fewer entries (only the band's).
         with local_heads_in_one_chunk():
-          stats["flops"] = compiled(fwd_bwd(local_fn(window, dilation, "xla")), params, q, k, v,
-                                    mask)[1]["flops"]
-        if implementation == "auto" and local_cpu.kernel_unsupported(q, window // 2, 0.0) is None:
+          stats["flops"] = compiled(fwd_bwd(local_fn(window, dilation, "xla", rate)), params, q,
+                                    k, v, mask)[1]["flops"]
+        if (implementation == "auto" and local_cpu.kernel_unsupported(
+            q, window // 2, rate, jax.random.PRNGKey(0)) is None):
           # The kernel's own memory is outside XLA's buffers: counted in with the temporaries.
           scratch = local_cpu.scratch_bytes(n * dilation, args.head_dim)
           stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)

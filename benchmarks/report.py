@@ -238,7 +238,8 @@ exponentials and normalisation: the floor under its XLA path on this machine.
 `local(w)` and `kernel(256)` rows run the C++ kernels on the CPU (local_cpu.py, kernel_cpu.py;
 their temporaries include the kernels' own scratch, outside XLA's buffers, and their FLOPs are
 the XLA paths', which for local heads multiply more entries); `local(129)/xla` and
-`kernel(256)/xla` are the XLA paths (local.py, kernel.py) for the same functions.
+`kernel(256)/xla` are the XLA paths (local.py, kernel.py) for the same functions; `/dropout`
+rows drop attention weights at 0.1, as in training.
 
 Seconds:
 

@@ -58,9 +58,8 @@ def get_config(arg=None):
                                # (evaluation, attention_dropout=0), our Pallas kernel with the
                                # dropout inside where it is; our softmax elsewhere; 'xla' =
                                # always ours; 'cudnn' / 'flash' = that kernel or an error.
-                               # Local and kernel heads on the CPU: C++ kernels (local
-                               # heads: where no attention dropout is active;
-                               # docs/training.md), unless 'xla'
+                               # Local and kernel heads on the CPU: C++ kernels
+                               # (docs/training.md), unless 'xla'
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
   m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
   m.max_target_positions = 1024

@@ -79,6 +79,32 @@ def test_dilated_window_through_the_kernel():
   assert_kernel_matches_the_xla_band(q, k, v, mask, 5, 3)
 
 
+@needs_compiler
+@pytest.mark.parametrize("length,window,dilation,rate", [
+    (150, 33, 1, 0.1), (37, 9, 1, 0.3), (300, 129, 1, 0.1), (80, 9, 2, 0.2)])
+def test_kernel_dropout_draws_the_xla_bands_masks(length, window, dilation, rate):
+  """With attention dropout the kernel and the XLA band compute the same function: values and
+  gradients agree to float rounding (other masks would differ by the dropped weights), for
+  several chunks of the band (n = 300), dilation, and an utterance with no valid key."""
+  q, k, v = qkv(3, length, 2, 64)
+  mask = lengths_mask(length, [length, length - 11, 0])
+  key = jax.random.PRNGKey(7)
+  cotangent = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32)
+
+  def outputs_and_grads(implementation):
+    attend = lambda q, k, v: local_attention(q, k, v, mask, window, dilation, dropout_rate=rate,
+                                             dropout_rng=key, implementation=implementation)
+    out = jax.jit(attend)(q, k, v)
+    grads = jax.jit(jax.grad(lambda *a: jnp.sum(attend(*a) * cotangent), (0, 1, 2)))(q, k, v)
+    return out, grads
+  (want, want_grads), (got, got_grads) = outputs_and_grads("xla"), outputs_and_grads("cpu")
+  np.testing.assert_allclose(got, want, atol=2e-6)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, atol=2e-5)
+  without = local_attention(q, k, v, mask, window, dilation, implementation="cpu")
+  assert float(jnp.max(jnp.abs(got - without))) > 0.1     # the masks did drop weights
+
+
 def calls_the_kernel(fn, *args) -> bool:
   return local_cpu.FORWARD in str(jax.make_jaxpr(fn)(*args))
 
@@ -90,25 +116,32 @@ def test_auto_takes_the_kernel_only_where_it_applies():
   key = jax.random.PRNGKey(0)
   assert calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9), q)
   assert not calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9, implementation="xla"), q)
+  assert calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9, dropout_rate=0.1,
+                                                    dropout_rng=key), q)
+  other_key = jax.random.key(0, impl="rbg")        # dropout.py hashes only under threefry keys
   assert not calls_the_kernel(lambda q: local_attention(q, k, v, mask, 9, dropout_rate=0.1,
-                                                        dropout_rng=key), q)
+                                                        dropout_rng=other_key), q)
   half = lambda x: x.astype(jnp.bfloat16)
   assert not calls_the_kernel(lambda q: local_attention(half(q), half(k), half(v), mask, 9), q)
   q48 = jnp.zeros((1, 40, 2, 48))
   assert not calls_the_kernel(lambda q: local_attention(q, q, q, mask, 9), q48)
-  with pytest.raises(ValueError, match="attention dropout is active"):
-    local_attention(q, k, v, mask, 9, dropout_rate=0.1, dropout_rng=key, implementation="cpu")
+  with pytest.raises(ValueError, match="not a threefry key"):
+    local_attention(q, k, v, mask, 9, dropout_rate=0.1, dropout_rng=other_key,
+                    implementation="cpu")
   with pytest.raises(ValueError, match="valid: .*'auto', 'xla', 'cpu'"):
     local_attention(q, k, v, mask, 9, implementation="pallas")
 
 
 @needs_compiler
 def test_module_xla_and_auto_agree():
+  """In evaluation and in training with attention dropout (flax's dropout rng stream)."""
   q, k, v = qkv(2, 30, 2, 32)
   mask = lengths_mask(30, [30, 12])
-  outs = [LocalAttention(7, implementation=implementation).apply({}, q, k, v, mask)
-          for implementation in ("xla", "auto")]
-  np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
+  for deterministic in (True, False):
+    outs = [LocalAttention(7, attention_dropout=0.2, implementation=implementation).apply(
+        {}, q, k, v, mask, deterministic, rngs={"dropout": jax.random.PRNGKey(4)})
+        for implementation in ("xla", "auto")]
+    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-5, atol=1e-6)
 
 
 def test_without_a_compiler_local_heads_take_the_xla_band(monkeypatch, tmp_path):

@@ -13,9 +13,9 @@ temporaries are O(n * head_dim) plus one chunk's [chunk, block + 2*radius] weigh
 whole band's weights, windows and dropout masks. Attention dropout is applied to the normalised
 weights of each chunk with a mask from `fold_in(rng, chunk index)`, regenerated in the backward.
 
-On the CPU, in float32 and without active attention dropout, the band runs through a C++
-kernel instead (local_cpu.py: the same function, only the band's entries, ~2x faster at
-n = 4096); `implementation="xla"` keeps the XLA band everywhere.
+On the CPU, in float32, the band runs through a C++ kernel instead (local_cpu.py: the same
+function, attention dropout with the same masks included, only the band's entries, ~2x faster
+at n = 4096); `implementation="xla"` keeps the XLA band everywhere.
 
 A window that reaches every key from every query (w//2 >= n - 1, dilation 1: e.g. local(65) on
 the quickstart's 26-position encoder) is softmax attention over the valid keys, and is
@@ -246,13 +246,17 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
     # Every key is in every query's window: softmax attention over the valid keys, in one key
     # block (blockwise.py), without the band's padding to block + 2 * radius keys.
     return blockwise_attention(q, k, v, key_mask, length, dropout_rate, dropout_rng)
+  block = block_size or default_block_size(window // 2, length)
   if implementation != "xla":
-    reason = kernel_unsupported(q, window // 2, dropout_rate)
+    band = _Band(length, window, block)
+    mask_elements = batch * heads * band.chunk_blocks * block * band.width   # one chunk's
+    reason = kernel_unsupported(q, window // 2, dropout_rate, dropout_rng, mask_elements)
     if reason is None:
-      return band_attention(q, k, v, key_mask.astype(bool), window // 2).astype(v.dtype)
+      return band_attention(q, k, v, key_mask.astype(bool), window // 2, dropout_rate,
+                            dropout_rng, block, band.chunk_blocks,
+                            band.num_chunks).astype(v.dtype)
     if implementation == "cpu":
       raise ValueError(f"local attention implementation 'cpu' cannot run here: {reason}")
-  block = block_size or default_block_size(window // 2, length)
   return _banded(q, k, v, key_mask.astype(bool), dropout_rng, window, block,
                  float(dropout_rate))
 

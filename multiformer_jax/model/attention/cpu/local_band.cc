@@ -93,6 +93,52 @@ void weighted_rows(const float* weights, int stride, const float* x, const Geome
   }
 }
 
+// Attention dropout with the XLA band's very masks (local.py, dropout.py): the band's chunk c
+// of `chunk_blocks` query blocks of `block` queries draws mask[b, h, cb, qi, w] (cb the block
+// in the chunk, qi the query in the block, w the key's place among the block's `width` =
+// block + 2 * radius keys) as lowbias32(lowbias32(index ^ key0) ^ key1) of the element's
+// row-major index under chunk c's key words, kept where the top 23 bits as a float in [0, 1)
+// are below keep_below; kept weights are scaled by `scale` = 1 / (1 - rate).
+struct Dropout {
+  const uint32_t* words = nullptr;   // [chunks, 2]; null: no dropout
+  int64_t block = 1, chunk_blocks = 1, heads = 1, radius = 0;
+  float keep_below = 1.0f, scale = 1.0f;
+  bool active() const { return words != nullptr; }
+};
+
+inline uvec lowbias32(uvec x) {
+  x ^= x >> 16; x *= 0x7FEB352Du; x ^= x >> 15; x *= 0x846CA68Bu;
+  return x ^ (x >> 16);
+}
+
+// weights[t][c] *= the mask (0 or scale) of query i0 + t and key first + c, for the tile's
+// `vectors` vectors of keys (entries outside a query's band are 0 already and stay so).
+void apply_dropout(const Dropout& d, int64_t b, int64_t h, int64_t i0, int64_t time,
+                   int64_t first, int vectors, float* weights, int stride) {
+  const int64_t width = d.block + 2 * d.radius;
+  uvec lanes;
+  for (int l = 0; l < kLanes; ++l) lanes[l] = static_cast<uint32_t>(l);
+  for (int t = 0; t < kTile && i0 + t < time; ++t) {
+    const int64_t i = i0 + t, block = i / d.block;
+    const int64_t chunk = block / d.chunk_blocks, in_chunk = block % d.chunk_blocks;
+    const uint32_t key0 = d.words[2 * chunk], key1 = d.words[2 * chunk + 1];
+    // The index of (i, first): key j sits at w = j - (block * d.block - radius) in its row.
+    const int64_t row = (((b * d.heads + h) * d.chunk_blocks + in_chunk) * d.block + i % d.block);
+    const int64_t w0 = first - (block * d.block - d.radius);
+    const uint32_t base = static_cast<uint32_t>(row * width + w0);
+    float* w = weights + t * stride;
+    for (int v = 0; v < vectors; ++v) {
+      uvec bits = lowbias32(lowbias32((lanes + (base + static_cast<uint32_t>(v * kLanes))) ^ key0) ^ key1);
+      const uvec mantissa = (bits >> 9) | 0x3F800000u;
+      vec uniform;
+      std::memcpy(&uniform, &mantissa, sizeof(uniform));
+      uniform -= 1.0f;
+      const vec kept = (uniform < d.keep_below) ? splat(d.scale) : vec{};
+      store(w + v * kLanes, load(w + v * kLanes) * kept);
+    }
+  }
+}
+
 struct Band {
   int64_t radius;
   // The keys tile [i0, i0 + kTile) can see: [lo, hi), read from `first` (lo rounded down to a
@@ -160,8 +206,8 @@ void tile_weights(const float* q, const float* key_columns, int64_t padded, cons
 
 template <int D>
 void forward_task(const float* q, const float* k, const float* v, const bool* mask_all,
-                  const Geometry& g, int64_t radius, int64_t b, int64_t h, float* out,
-                  float* lse_all, std::vector<float>& scratch) {
+                  const Geometry& g, int64_t radius, const Dropout& dropout, int64_t b,
+                  int64_t h, float* out, float* lse_all, std::vector<float>& scratch) {
   const int64_t padded = padded_time(g.time);
   const int stride = static_cast<int>(tile_vectors(radius) * kLanes);
   scratch.resize(D * padded + kTile * stride);
@@ -177,6 +223,9 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
     float peak[kTile], total[kTile];
     tile_weights<D>(q, key_columns, padded, g, b, h, i0, band, mask, scale, nullptr, weights,
                     stride, peak, total);
+    // Dropped after the normaliser is taken: the kept weights are divided by the full sum.
+    if (dropout.active())
+      apply_dropout(dropout, b, h, i0, g.time, band.first, band.vectors, weights, stride);
     vec acc[kTile][D / kLanes] = {};
     weighted_rows<D>(weights, stride, v, g, b, h, band.first, band.lo, band.hi, acc);
     for (int t = 0; t < kTile && i0 + t < g.time; ++t) {
@@ -191,15 +240,17 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
 template <int D>
 void backward_task(const float* q, const float* k, const float* v, const bool* mask_all,
                    const float* out, const float* lse_all, const float* d_out,
-                   const Geometry& g, int64_t radius, int64_t b, int64_t h, float* d_q,
-                   float* d_k, float* d_v, std::vector<float>& scratch) {
+                   const Geometry& g, int64_t radius, const Dropout& dropout, int64_t b,
+                   int64_t h, float* d_q, float* d_k, float* d_v, std::vector<float>& scratch) {
   const int64_t padded = padded_time(g.time);
   const int stride = static_cast<int>(tile_vectors(radius) * kLanes);
-  scratch.resize(2 * D * padded + 2 * kTile * stride);
+  scratch.resize(2 * D * padded + 3 * kTile * stride);
   float* key_columns = scratch.data();
   float* value_columns = key_columns + D * padded;
   float* probs = value_columns + D * padded;
   float* d_scores = probs + kTile * stride;
+  // The weights the values were taken with: probs times the dropout mask (probs without it).
+  float* kept = dropout.active() ? d_scores + kTile * stride : probs;
   transpose_rows(k, g, b, h, padded, key_columns);
   transpose_rows(v, g, b, h, padded, value_columns);
   for (int64_t t = 0; t < g.time; ++t) {
@@ -214,6 +265,10 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
     band.place(i0, g.time);
     tile_weights<D>(q, key_columns, padded, g, b, h, i0, band, mask, scale, lse, probs, stride,
                     nullptr, nullptr);
+    if (dropout.active()) {
+      std::copy(probs, probs + kTile * stride, kept);
+      apply_dropout(dropout, b, h, i0, g.time, band.first, band.vectors, kept, stride);
+    }
     const float* rows[kTile];
     float delta[kTile] = {};
     for (int t = 0; t < kTile; ++t) {
@@ -226,8 +281,11 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
                      stride);
     for (int t = 0; t < kTile; ++t)
       for (int c = 0; c < band.vectors * kLanes; ++c) {
+        // dS = P (m dP - delta), m the dropout mask (0 or 1 / (1 - rate)): kept dP - P delta.
         float& ds = d_scores[t * stride + c];
-        ds = probs[t * stride + c] * (ds - delta[t]) * scale;
+        const float p = probs[t * stride + c];
+        ds = (dropout.active() ? kept[t * stride + c] * ds - p * delta[t] : p * (ds - delta[t])) *
+             scale;
       }
     vec acc[kTile][D / kLanes] = {};
     weighted_rows<D>(d_scores, stride, k, g, b, h, band.first, band.lo, band.hi, acc);
@@ -235,7 +293,7 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
       float* dq = d_q + g.offset(b, i0 + t, h);
       for (int c = 0; c < D / kLanes; ++c) store(dq + c * kLanes, acc[t][c]);
     }
-    // dK_j += sum_t dS[t][j] q_t, dV_j += sum_t P[t][j] dO_t.
+    // dK_j += sum_t dS[t][j] q_t, dV_j += sum_t (P m)[t][j] dO_t.
     vec q_rows[kTile][D / kLanes], d_out_rows[kTile][D / kLanes];
     for (int t = 0; t < kTile; ++t)
       for (int c = 0; c < D / kLanes; ++c) {
@@ -250,7 +308,7 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
       for (int c = 0; c < D / kLanes; ++c) { sum_k[c] = load(dk + c * kLanes); sum_v[c] = load(dv + c * kLanes); }
       for (int t = 0; t < kTile; ++t) {
         const vec ds = splat(d_scores[t * stride + (j - band.first)]);
-        const vec p = splat(probs[t * stride + (j - band.first)]);
+        const vec p = splat(kept[t * stride + (j - band.first)]);
         for (int c = 0; c < D / kLanes; ++c) {
           sum_k[c] += ds * q_rows[t][c];
           sum_v[c] += p * d_out_rows[t][c];
@@ -286,40 +344,60 @@ ffi::Error check(const Geometry& g, int64_t radius) {
   return ffi::Error::Success();
 }
 
+Dropout dropout_of(const ffi::Buffer<ffi::U32>& keys, const Geometry& g, int64_t radius,
+                   float keep_below, float scale, int64_t block, int64_t chunk_blocks) {
+  Dropout d;
+  if (keys.element_count() == 0) return d;    // no dropout
+  d.words = keys.typed_data();
+  d.block = block, d.chunk_blocks = chunk_blocks, d.heads = g.heads, d.radius = radius;
+  d.keep_below = keep_below, d.scale = scale;
+  return d;
+}
+
 ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                   ffi::Buffer<ffi::PRED> key_mask, ffi::ResultBuffer<ffi::F32> out,
-                   ffi::ResultBuffer<ffi::F32> lse, int64_t radius) {
+                   ffi::Buffer<ffi::PRED> key_mask, ffi::Buffer<ffi::U32> dropout_keys,
+                   ffi::ResultBuffer<ffi::F32> out, ffi::ResultBuffer<ffi::F32> lse,
+                   int64_t radius, float keep_below, float scale, int64_t block,
+                   int64_t chunk_blocks) {
   const Geometry g = geometry(q);
   if (auto error = check(g, radius); error.failure()) return error;
+  const Dropout dropout = dropout_of(dropout_keys, g, radius, keep_below, scale, block,
+                                     chunk_blocks);
   const bool* mask = key_mask.typed_data();
   for_each_head(g, [&](int64_t b, int64_t h, std::vector<float>& scratch) {
     const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
     float *op = out->typed_data(), *lp = lse->typed_data();
-    if (g.dim == 32) forward_task<32>(qp, kp, vp, mask, g, radius, b, h, op, lp, scratch);
-    if (g.dim == 64) forward_task<64>(qp, kp, vp, mask, g, radius, b, h, op, lp, scratch);
-    if (g.dim == 128) forward_task<128>(qp, kp, vp, mask, g, radius, b, h, op, lp, scratch);
+#define MULTIFORMER_FORWARD(DIM)                                                              \
+    if (g.dim == DIM)                                                                         \
+      forward_task<DIM>(qp, kp, vp, mask, g, radius, dropout, b, h, op, lp, scratch);
+    MULTIFORMER_FORWARD(32) MULTIFORMER_FORWARD(64) MULTIFORMER_FORWARD(128)
+#undef MULTIFORMER_FORWARD
   });
   return ffi::Error::Success();
 }
 
 ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer<ffi::F32> v,
-                    ffi::Buffer<ffi::PRED> key_mask, ffi::Buffer<ffi::F32> out,
-                    ffi::Buffer<ffi::F32> lse, ffi::Buffer<ffi::F32> d_out,
-                    ffi::ResultBuffer<ffi::F32> d_q, ffi::ResultBuffer<ffi::F32> d_k,
-                    ffi::ResultBuffer<ffi::F32> d_v, int64_t radius) {
+                    ffi::Buffer<ffi::PRED> key_mask, ffi::Buffer<ffi::U32> dropout_keys,
+                    ffi::Buffer<ffi::F32> out, ffi::Buffer<ffi::F32> lse,
+                    ffi::Buffer<ffi::F32> d_out, ffi::ResultBuffer<ffi::F32> d_q,
+                    ffi::ResultBuffer<ffi::F32> d_k, ffi::ResultBuffer<ffi::F32> d_v,
+                    int64_t radius, float keep_below, float scale, int64_t block,
+                    int64_t chunk_blocks) {
   const Geometry g = geometry(q);
   if (auto error = check(g, radius); error.failure()) return error;
+  const Dropout dropout = dropout_of(dropout_keys, g, radius, keep_below, scale, block,
+                                     chunk_blocks);
   for_each_head(g, [&](int64_t b, int64_t h, std::vector<float>& scratch) {
     const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
     const float *op = out.typed_data(), *lp = lse.typed_data(), *dop = d_out.typed_data();
     const bool* mask = key_mask.typed_data();
     float *dq = d_q->typed_data(), *dk = d_k->typed_data(), *dv = d_v->typed_data();
-    if (g.dim == 32)
-      backward_task<32>(qp, kp, vp, mask, op, lp, dop, g, radius, b, h, dq, dk, dv, scratch);
-    if (g.dim == 64)
-      backward_task<64>(qp, kp, vp, mask, op, lp, dop, g, radius, b, h, dq, dk, dv, scratch);
-    if (g.dim == 128)
-      backward_task<128>(qp, kp, vp, mask, op, lp, dop, g, radius, b, h, dq, dk, dv, scratch);
+#define MULTIFORMER_BACKWARD(DIM)                                                             \
+    if (g.dim == DIM)                                                                         \
+      backward_task<DIM>(qp, kp, vp, mask, op, lp, dop, g, radius, dropout, b, h, dq, dk, dv, \
+                         scratch);
+    MULTIFORMER_BACKWARD(32) MULTIFORMER_BACKWARD(64) MULTIFORMER_BACKWARD(128)
+#undef MULTIFORMER_BACKWARD
   });
   return ffi::Error::Success();
 }
@@ -332,9 +410,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LocalBandForward, Forward,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()    // dropout keys [chunks, 2]
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("radius"));
+                                  .Attr<int64_t>("radius")
+                                  .Attr<float>("keep_below")
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("chunk_blocks"));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(LocalBandBackward, Backward,
                               ffi::Ffi::Bind()
@@ -342,10 +425,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(LocalBandBackward, Backward,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Arg<ffi::Buffer<ffi::U32>>()    // dropout keys [chunks, 2]
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("radius"));
+                                  .Attr<int64_t>("radius")
+                                  .Attr<float>("keep_below")
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("block")
+                                  .Attr<int64_t>("chunk_blocks"));

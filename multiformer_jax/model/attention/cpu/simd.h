@@ -11,6 +11,7 @@ namespace multiformer {
 
 typedef float vec __attribute__((vector_size(64)));
 typedef int32_t ivec __attribute__((vector_size(64)));
+typedef uint32_t uvec __attribute__((vector_size(64)));
 constexpr int kLanes = 16;
 
 inline vec load(const float* p) { vec v; std::memcpy(&v, p, sizeof(v)); return v; }
