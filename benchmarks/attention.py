@@ -66,6 +66,11 @@ def kernel_kinds():
   return {"kernel(256)": "auto", "kernel(256)/xla": "xla"}
 
 
+def kernel_projection(head_dim: int):
+  """The kernel(256) rows' fixed features."""
+  return orthogonal_gaussian_features(jax.random.PRNGKey(0), 256, head_dim)
+
+
 def kernel_fn(projection, implementation: str):
   return lambda p, q, k, v, m: favor_attention(q, k, v, m, projection, implementation)
 
@@ -78,7 +83,7 @@ def local_fn(window: int, dilation: int, implementation: str, rate: float = 0.0)
 
 def kinds(head_dim: int, window_for_dense: int):
   """name -> (fn(params, q, k, v, mask) -> out, params or None, is_dense)."""
-  projection = orthogonal_gaussian_features(jax.random.PRNGKey(0), 256, head_dim)
+  projection = kernel_projection(head_dim)
   table = {
       f"dense_masked({window_for_dense})": (
           lambda p, q, k, v, m: jax.nn.dot_product_attention(
@@ -202,9 +207,8 @@ def main(argv=None):
           stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)
       if name in kernel_specs:
         # FLOPs of the XLA path (XLA counts none in a custom call): the same function.
-        projection = orthogonal_gaussian_features(jax.random.PRNGKey(0), 256, args.head_dim)
-        stats["flops"] = compiled(fwd_bwd(kernel_fn(projection, "xla")), params, q, k, v,
-                                  mask)[1]["flops"]
+        stats["flops"] = compiled(fwd_bwd(kernel_fn(kernel_projection(args.head_dim), "xla")),
+                                  params, q, k, v, mask)[1]["flops"]
         if kernel_specs[name] == "auto" and kernel_cpu.kernel_unsupported(q, k) is None:
           scratch = kernel_cpu.scratch_bytes(n, args.head_dim, 256)
           stats.update(temp_bytes=stats["temp_bytes"] + scratch, cpu_kernel_scratch_bytes=scratch)

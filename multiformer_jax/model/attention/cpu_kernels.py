@@ -29,6 +29,7 @@ SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("local_band.cc", "favor.cc")
 HEADERS = ("simd.h",)
 HEAD_DIMS = (32, 64, 128)     # the head sizes both kernels are instantiated for
+IMPLEMENTATIONS = ("auto", "xla", "cpu")   # a head kind's choice between kernel and XLA path
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
 # FFI target name -> the handler symbol the library exports.
 TARGETS = {
@@ -113,3 +114,24 @@ def inputs_unsupported(q) -> str | None:
   if q.shape[-1] not in HEAD_DIMS:
     return f"head_dim {q.shape[-1]} (the kernel has {HEAD_DIMS})"
   return None
+
+
+def check_implementation(kind: str, implementation: str) -> None:
+  """Raises a ValueError naming `kind`'s heads where `implementation` is none of
+  IMPLEMENTATIONS."""
+  if implementation not in IMPLEMENTATIONS:
+    raise ValueError(f"{kind} attention implementation {implementation!r}; valid: "
+                     f"{IMPLEMENTATIONS}")
+
+
+def kernel_chosen(kind: str, implementation: str, unsupported) -> bool:
+  """Whether `kind`'s heads take their CPU kernel: never under "xla"; under "auto" where
+  `unsupported()` (why the kernel cannot run, or None) gives no reason; under "cpu" always,
+  or a ValueError with that reason."""
+  check_implementation(kind, implementation)
+  if implementation == "xla":
+    return False
+  reason = unsupported()
+  if reason is not None and implementation == "cpu":
+    raise ValueError(f"{kind} attention implementation 'cpu' cannot run here: {reason}")
+  return reason is None

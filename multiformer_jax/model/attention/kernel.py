@@ -24,11 +24,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from multiformer_jax.model.attention.cpu_kernels import IMPLEMENTATIONS, kernel_chosen
 from multiformer_jax.model.attention.kernel_cpu import favor_attention_cpu, kernel_unsupported
 
 FEATURE_EPS = 1e-4     # the Performer reference's additive stabiliser on the features
 REDRAW_POLICIES = ("fixed", "step")
-IMPLEMENTATIONS = ("auto", "xla", "cpu")
 
 
 def orthogonal_gaussian_features(key, num_features: int, dim: int):
@@ -128,16 +128,9 @@ def favor_attention(q, k, v, key_mask, projection, implementation: str = "auto")
   kernel, or a ValueError saying why it cannot run). The kernel treats the projection as a
   constant (no gradient for it).
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"kernel attention implementation {implementation!r}; valid: "
-                     f"{IMPLEMENTATIONS}")
-  if implementation != "xla":
-    reason = kernel_unsupported(q, k)
-    if reason is None:
-      return favor_attention_cpu(q, k, v, key_mask.astype(bool), projection.astype(jnp.float32),
-                                 FEATURE_EPS).astype(v.dtype)
-    if implementation == "cpu":
-      raise ValueError(f"kernel attention implementation 'cpu' cannot run here: {reason}")
+  if kernel_chosen("kernel", implementation, lambda: kernel_unsupported(q, k)):
+    return favor_attention_cpu(q, k, v, key_mask.astype(bool), projection.astype(jnp.float32),
+                               FEATURE_EPS).astype(v.dtype)
   return favor_attention_xla(q, k, v, key_mask, projection)
 
 
@@ -176,7 +169,7 @@ class KernelAttention(nn.Module):
   features: int = 256
   redraw: str = "fixed"   # one of REDRAW_POLICIES
   seed: int = 0
-  implementation: str = "auto"   # one of IMPLEMENTATIONS
+  implementation: str = "auto"   # one of cpu_kernels.IMPLEMENTATIONS
 
   def projection(self, head_dim: int, deterministic: bool):
     if self.redraw not in REDRAW_POLICIES:

@@ -68,33 +68,35 @@ def padded_projection(projection):
   return jnp.pad(projection, ((0, padding), (0, 0)))
 
 
-def _call_forward(q, k, v, key_mask, projection, eps, for_backward: bool):
-  padded = padded_projection(projection)
-  return jax.ffi.ffi_call(FORWARD, _result_specs(q, padded.shape[0], for_backward),
-                          vmap_method="sequential")(
-      q, k, v, key_mask, padded, eps=np.float32(eps), features=np.int64(projection.shape[0]))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def favor_attention_cpu(q, k, v, key_mask, projection, eps: float):
   """q, k, v: [batch, time, heads, head_dim] float32; key_mask: [batch, time] bool;
   projection: [m, head_dim]; eps: the features' additive stabiliser. Returns
   [batch, time, heads, head_dim], favor_attention's output."""
-  return _call_forward(q, k, v, key_mask, projection, eps, for_backward=False)[0]
+  return _favor(q, k, v, key_mask, padded_projection(projection), eps, projection.shape[0])
 
 
-def _forward(q, k, v, key_mask, projection, eps):
-  results = _call_forward(q, k, v, key_mask, projection, eps, for_backward=True)
-  return results[0], (q, k, v, key_mask, projection, *results)
+def _call_forward(q, k, v, key_mask, padded, eps, features, for_backward: bool):
+  return jax.ffi.ffi_call(FORWARD, _result_specs(q, padded.shape[0], for_backward),
+                          vmap_method="sequential")(
+      q, k, v, key_mask, padded, eps=np.float32(eps), features=np.int64(features))
 
 
-def _backward(eps, residuals, d_out):
-  q, k, v, key_mask, projection, *results = residuals
-  spec = jax.ShapeDtypeStruct(q.shape, jnp.float32)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6))
+def _favor(q, k, v, key_mask, padded, eps: float, features: int):
+  """favor_attention_cpu with the projection padded; `features` of its rows are real."""
+  return _call_forward(q, k, v, key_mask, padded, eps, features, for_backward=False)[0]
+
+
+def _forward(q, k, v, key_mask, padded, eps, features):
+  results = _call_forward(q, k, v, key_mask, padded, eps, features, for_backward=True)
+  return results[0], (q, k, v, key_mask, padded, *results)
+
+
+def _backward(eps, features, residuals, d_out):
+  spec = jax.ShapeDtypeStruct(residuals[0].shape, jnp.float32)
   d_q, d_k, d_v = jax.ffi.ffi_call(BACKWARD, (spec, spec, spec), vmap_method="sequential")(
-      q, k, v, key_mask, padded_projection(projection), *results, d_out.astype(jnp.float32),
-      eps=np.float32(eps), features=np.int64(projection.shape[0]))
+      *residuals, d_out.astype(jnp.float32), eps=np.float32(eps), features=np.int64(features))
   return d_q, d_k, d_v, None, None
 
 
-favor_attention_cpu.defvjp(_forward, _backward)
+_favor.defvjp(_forward, _backward)

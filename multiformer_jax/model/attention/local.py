@@ -34,6 +34,7 @@ from jax import lax
 
 from multiformer_jax.model.attention.blockwise import (blockwise_attention, checked_dropout_rng,
                                                       dropout_keep_mask)
+from multiformer_jax.model.attention.cpu_kernels import check_implementation, kernel_chosen
 from multiformer_jax.model.attention.full import attention_weights
 from multiformer_jax.model.attention.local_cpu import band_attention, kernel_unsupported
 from multiformer_jax.model.attention.masks import MASKED_LOGIT
@@ -59,8 +60,12 @@ class _Band:
     self.side = math.ceil(self.radius / block)              # key blocks on each side
     self.width = block + 2 * self.radius                    # keys a query block sees
     self.start = self.side * block - self.radius            # first of them, in its windows
-    offset = jnp.arange(self.width)[None, :] - self.radius - jnp.arange(block)[:, None]
-    self.band = jnp.abs(offset) <= self.radius               # [block, width]
+
+  @functools.cached_property
+  def band(self):
+    """[block, width]: whether each query of a block sees each key of its window."""
+    offset = jnp.arange(self.width)[None, :] - self.radius - jnp.arange(self.block)[:, None]
+    return jnp.abs(offset) <= self.radius
 
   def queries(self, x):
     """[batch, time, heads, dim] -> [chunks, batch, heads, chunk_blocks, block, dim]."""
@@ -207,7 +212,6 @@ def _banded_bwd(window, block, rate, residuals, d_out):
 _banded.defvjp(_banded_fwd, _banded_bwd)
 
 
-IMPLEMENTATIONS = ("auto", "xla", "cpu")
 
 
 def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_size: int = 0,
@@ -220,9 +224,7 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
   XLA band), "cpu" (the CPU kernel, or a ValueError naming why it cannot apply).
   Returns [batch, time, heads, head_dim] in v's dtype.
   """
-  if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"local attention implementation {implementation!r}; valid: "
-                     f"{IMPLEMENTATIONS}")
+  check_implementation("local", implementation)
   if window < 1 or window % 2 == 0:
     raise ValueError(f"local window must be odd and >= 1, got {window}")
   if dilation < 1:
@@ -247,16 +249,12 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
     # block (blockwise.py), without the band's padding to block + 2 * radius keys.
     return blockwise_attention(q, k, v, key_mask, length, dropout_rate, dropout_rng)
   block = block_size or default_block_size(window // 2, length)
-  if implementation != "xla":
-    band = _Band(length, window, block)
-    mask_elements = batch * heads * band.chunk_blocks * block * band.width   # one chunk's
-    reason = kernel_unsupported(q, window // 2, dropout_rate, dropout_rng, mask_elements)
-    if reason is None:
-      return band_attention(q, k, v, key_mask.astype(bool), window // 2, dropout_rate,
-                            dropout_rng, block, band.chunk_blocks,
-                            band.num_chunks).astype(v.dtype)
-    if implementation == "cpu":
-      raise ValueError(f"local attention implementation 'cpu' cannot run here: {reason}")
+  band = _Band(length, window, block)
+  mask_elements = batch * heads * band.chunk_blocks * block * band.width  # a chunk's dropout mask
+  if kernel_chosen("local", implementation, lambda: kernel_unsupported(
+      q, window // 2, dropout_rate, dropout_rng, mask_elements)):
+    return band_attention(q, k, v, key_mask.astype(bool), window // 2, dropout_rate,
+                          dropout_rng, block, band.chunk_blocks, band.num_chunks).astype(v.dtype)
   return _banded(q, k, v, key_mask.astype(bool), dropout_rng, window, block,
                  float(dropout_rate))
 
@@ -266,7 +264,7 @@ class LocalAttention(nn.Module):
   dilation: int = 1
   block_size: int = 0  # 0: default_block_size
   attention_dropout: float = 0.0
-  implementation: str = "auto"   # one of IMPLEMENTATIONS
+  implementation: str = "auto"   # one of cpu_kernels.IMPLEMENTATIONS
 
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     rate = 0.0 if deterministic else self.attention_dropout

@@ -176,21 +176,36 @@ void transpose(const float* x, int64_t rows, int64_t cols, float* out) {
     for (int64_t c = 0; c < cols; ++c) out[c * rows + r] = x[r * cols + c];
 }
 
-struct Weights {     // the random features, scaled by d^-1/4, in both layouts
-  std::vector<float> by_dim;       // [d, m]: u = x w
-  std::vector<float> by_feature;   // [m, d]: d_x = d_u w^T
-  float norm_scale;                // d^-1/2: h = norm_scale |x|^2 / 2 on the unscaled x
+// [m, d]: the random features scaled by d^-1/4, so that x' P^T = x W^T on the unscaled x.
+std::vector<float> scaled_projection(const float* projection, int64_t m, int64_t d) {
+  std::vector<float> w(m * d);
+  const float scale = std::pow(static_cast<float>(d), -0.25f);
+  for (int64_t i = 0; i < m * d; ++i) w[i] = projection[i] * scale;
+  return w;
+}
+
+// d^-1/2: h = |x'|^2 / 2 = kNormScale<D> |x|^2 / 2 on the unscaled x.
+template <int D>
+const float kNormScale = 1.0f / std::sqrt(static_cast<float>(D));
+
+// One (batch, head)'s part of the forward's results that the backward reads; F and I are
+// const-qualified for the backward.
+template <typename F, typename I>
+struct Saved {
+  F* den;      // [time]: the normaliser O1[:, d]
+  I* argmax;   // [time]: each query's first maximal feature
+  F* e_q;      // [time, m]: E_q (null in an inference call)
+  F* e_k;      // [time, m]: E_k (null in an inference call)
+  F* kv;       // [m, d]: KV1[:, :d]
+  F* ksum;     // [m]: KV1[:, d]
 };
 
-Weights scaled_weights(const float* projection, int64_t m, int64_t d) {
-  Weights w;
-  const float scale = std::pow(static_cast<float>(d), -0.25f);
-  w.by_feature.resize(m * d);
-  for (int64_t i = 0; i < m * d; ++i) w.by_feature[i] = projection[i] * scale;
-  w.by_dim.resize(m * d);
-  transpose(w.by_feature.data(), m, d, w.by_dim.data());
-  w.norm_scale = 1.0f / std::sqrt(static_cast<float>(d));
-  return w;
+template <typename F, typename I>
+Saved<F, I> saved_of(const Geometry& g, int64_t b, int64_t h, F* den, I* argmax, F* e_q, F* e_k,
+                     F* kv, F* ksum) {
+  const int64_t n = g.task(b, h), t = g.time, m = g.features;
+  return {den + n * t, argmax + n * t, e_q ? e_q + n * t * m : nullptr,
+          e_k ? e_k + n * t * m : nullptr, kv + n * m * g.dim, ksum + n * m};
 }
 
 struct Scratch {
@@ -200,9 +215,9 @@ struct Scratch {
 // One (batch, head): out, den, argmax and the features E_q, E_k, KV, ksum of it.
 template <int D>
 void forward_task(const float* q, const float* k, const float* v, const bool* mask,
-                  const Weights& w, const Geometry& g, int64_t b, int64_t h, float eps,
-                  float* out, float* den, int32_t* argmax, float* e_q, float* e_k, float* kv,
-                  float* ksum, Scratch& s) {
+                  const float* weights_by_dim, const Geometry& g, int64_t b, int64_t h,
+                  float eps, float* out, Saved<float, int32_t> saved, Scratch& s) {
+  auto [den, argmax, e_q, e_k, kv, ksum] = saved;
   const int64_t m = g.features, time = g.time, ld = g.stride();
   s.a.resize(time);
   s.b.resize(kRows * D);
@@ -216,11 +231,11 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
   float peak = -std::numeric_limits<float>::infinity();
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
-    rows_times<D>(k + g.row(b, t0, h), ld, rows, w.by_dim.data(), m, e_k + t0 * m, m);
+    rows_times<D>(k + g.row(b, t0, h), ld, rows, weights_by_dim, m, e_k + t0 * m, m);
     hide_padding(e_k + t0 * m, rows, g.used, m);
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
-      half_sq[t] = half_square(k + g.row(b, t, h), D, w.norm_scale);
+      half_sq[t] = half_square(k + g.row(b, t, h), D, kNormScale<D>);
       if (!mask[t]) continue;
       vec top = splat(peak);
       for (int64_t f = 0; f < m; f += kLanes) {
@@ -264,7 +279,7 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
   for (int64_t t0 = 0; t0 < time; t0 += kRows) {
     const int rows = static_cast<int>(std::min<int64_t>(kRows, time - t0));
     float* e_tile = keep_queries ? e_q + t0 * m : e_q;
-    rows_times<D>(q + g.row(b, t0, h), ld, rows, w.by_dim.data(), m, e_tile, m);
+    rows_times<D>(q + g.row(b, t0, h), ld, rows, weights_by_dim, m, e_tile, m);
     hide_padding(e_tile, rows, g.used, m);
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
@@ -275,7 +290,7 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
       int32_t first = 0;
       while (first < m - 1 && e[first] != row_max) ++first;
       argmax[t] = first;
-      const vec shift = splat(half_square(q + g.row(b, t, h), D, w.norm_scale) + row_max);
+      const vec shift = splat(half_square(q + g.row(b, t, h), D, kNormScale<D>) + row_max);
       for (int64_t f = 0; f < m; f += kLanes) store(e + f, exp_nonpositive(load(e + f) - shift));
     }
     features_times<D>(e_tile, rows, kv, m, tile_out, D);
@@ -293,10 +308,10 @@ void forward_task(const float* q, const float* k, const float* v, const bool* ma
 // One (batch, head): d_q, d_k, d_v from the forward's residuals and d_out.
 template <int D>
 void backward_task(const float* q, const float* k, const float* v, const bool* mask,
-                   const Weights& w, const Geometry& g, int64_t b, int64_t h, float eps,
-                   const float* out, const float* den, const int32_t* argmax, const float* e_q,
-                   const float* e_k, const float* kv, const float* ksum, const float* d_out,
-                   float* d_q, float* d_k, float* d_v, Scratch& s) {
+                   const float* weights, const Geometry& g, int64_t b, int64_t h, float eps,
+                   const float* out, Saved<const float, const int32_t> saved,
+                   const float* d_out, float* d_q, float* d_k, float* d_v, Scratch& s) {
+  auto [den, argmax, e_q, e_k, kv, ksum] = saved;
   const int64_t m = g.features, time = g.time, ld = g.stride();
   s.a.resize(2 * m * D + m);
   s.b.resize(m * D);
@@ -347,14 +362,14 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
       }
       d_total[r] = lane_sum(sum);        // now s_r = sum over features of dL/du
     }
-    features_times<D>(d_e, rows, w.by_feature.data(), m, d_x, D);
+    features_times<D>(d_e, rows, weights, m, d_x, D);
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       const float* qt = q + g.row(b, t, h);
-      const float* top_row = w.by_feature.data() + argmax[t] * D;
+      const float* top_row = weights + argmax[t] * D;
       float* dq = d_q + g.row(b, t, h);
       for (int j = 0; j < D; ++j)
-        dq[j] = d_x[r * D + j] - d_total[r] * (w.norm_scale * qt[j] + top_row[j]);
+        dq[j] = d_x[r * D + j] - d_total[r] * (kNormScale<D> * qt[j] + top_row[j]);
     }
   }
   for (int64_t f = 0; f < g.used; ++f) {
@@ -386,30 +401,18 @@ void backward_task(const float* q, const float* k, const float* v, const bool* m
       }
       sums[r] = lane_sum(sum);
     }
-    features_times<D>(d_e, rows, w.by_feature.data(), m, d_x, D);
+    features_times<D>(d_e, rows, weights, m, d_x, D);
     for (int r = 0; r < rows; ++r) {
       const int64_t t = t0 + r;
       const float* kt = k + g.row(b, t, h);
       float* dk = d_k + g.row(b, t, h);
-      for (int j = 0; j < D; ++j) dk[j] = d_x[r * D + j] - sums[r] * w.norm_scale * kt[j];
+      for (int j = 0; j < D; ++j) dk[j] = d_x[r * D + j] - sums[r] * kNormScale<D> * kt[j];
     }
   }
 }
 
-template <typename Task>
-void for_each_head(const Geometry& g, Task task) {
-  const int64_t tasks = g.batch * g.heads;
-#pragma omp parallel
-  {
-    // Kept by each thread of the team between calls: no allocation or first touch per call.
-    static thread_local Scratch scratch;
-#pragma omp for schedule(dynamic)
-    for (int64_t n = 0; n < tasks; ++n) task(n / g.heads, n % g.heads, scratch);
-  }
-}
-
 ffi::Error check(const Geometry& g) {
-  if (g.dim != 32 && g.dim != 64 && g.dim != 128)
+  if (!supported_head_dim(g.dim))
     return ffi::Error::InvalidArgument("favor: head_dim must be 32, 64 or 128");
   if (g.features <= 0 || g.features % kLanes != 0)
     return ffi::Error::InvalidArgument("favor: the projection's rows must be a multiple of 16");
@@ -433,23 +436,19 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
                    ffi::ResultBuffer<ffi::F32> ksum, float eps, int64_t features) {
   const Geometry g = geometry(q, projection, features);
   if (auto error = check(g); error.failure()) return error;
-  const Weights w = scaled_weights(projection.typed_data(), g.features, g.dim);
-  for_each_head(g, [&](int64_t b, int64_t h, Scratch& s) {
-    const int64_t n = g.task(b, h), t = g.time, m = g.features;
-    const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
-    const bool* mask = key_mask.typed_data() + b * t;
-    const bool keep = e_q->element_count() > 0;   // empty: the forward of an inference call
-    float* args[] = {out->typed_data(), den->typed_data() + n * t, nullptr,
-                     keep ? e_q->typed_data() + n * t * m : nullptr,
-                     keep ? e_k->typed_data() + n * t * m : nullptr,
-                     kv->typed_data() + n * m * g.dim, ksum->typed_data() + n * m};
-    int32_t* top = argmax->typed_data() + n * t;
-#define MULTIFORMER_FORWARD(DIM)                                                              \
-    if (g.dim == DIM)                                                                         \
-      forward_task<DIM>(qp, kp, vp, mask, w, g, b, h, eps, args[0], args[1], top, args[3],   \
-                        args[4], args[5], args[6], s);
-    MULTIFORMER_FORWARD(32) MULTIFORMER_FORWARD(64) MULTIFORMER_FORWARD(128)
-#undef MULTIFORMER_FORWARD
+  std::vector<float> weights_by_dim(g.features * g.dim);    // [d, m]: u = x W^T
+  transpose(scaled_projection(projection.typed_data(), g.features, g.dim).data(), g.features,
+            g.dim, weights_by_dim.data());
+  const bool keep = e_q->element_count() > 0;   // empty: the forward of an inference call
+  for_each_head<Scratch>(g.batch, g.heads, [&](int64_t b, int64_t h, Scratch& s) {
+    const auto saved = saved_of<float, int32_t>(
+        g, b, h, den->typed_data(), argmax->typed_data(), keep ? e_q->typed_data() : nullptr,
+        keep ? e_k->typed_data() : nullptr, kv->typed_data(), ksum->typed_data());
+    with_head_dim(g.dim, [&](auto dim) {
+      forward_task<dim.value>(q.typed_data(), k.typed_data(), v.typed_data(),
+                              key_mask.typed_data() + b * g.time, weights_by_dim.data(), g, b,
+                              h, eps, out->typed_data(), saved, s);
+    });
   });
   return ffi::Error::Success();
 }
@@ -464,23 +463,18 @@ ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffe
                     ffi::ResultBuffer<ffi::F32> d_v, float eps, int64_t features) {
   const Geometry g = geometry(q, projection, features);
   if (auto error = check(g); error.failure()) return error;
-  const Weights w = scaled_weights(projection.typed_data(), g.features, g.dim);
-  for_each_head(g, [&](int64_t b, int64_t h, Scratch& s) {
-    const int64_t n = g.task(b, h), t = g.time, m = g.features;
-    const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
-    const bool* mask = key_mask.typed_data() + b * t;
-    const float* saved[] = {den.typed_data() + n * t, e_q.typed_data() + n * t * m,
-                            e_k.typed_data() + n * t * m, kv.typed_data() + n * m * g.dim,
-                            ksum.typed_data() + n * m};
-    const int32_t* top = argmax.typed_data() + n * t;
-    float *dq = d_q->typed_data(), *dk = d_k->typed_data(), *dv = d_v->typed_data();
-#define MULTIFORMER_BACKWARD(DIM)                                                             \
-    if (g.dim == DIM)                                                                         \
-      backward_task<DIM>(qp, kp, vp, mask, w, g, b, h, eps, out.typed_data(), saved[0], top, \
-                         saved[1], saved[2], saved[3], saved[4], d_out.typed_data(), dq, dk,  \
-                         dv, s);
-    MULTIFORMER_BACKWARD(32) MULTIFORMER_BACKWARD(64) MULTIFORMER_BACKWARD(128)
-#undef MULTIFORMER_BACKWARD
+  const std::vector<float> weights =                       // [m, d]: d_x = d_u W
+      scaled_projection(projection.typed_data(), g.features, g.dim);
+  for_each_head<Scratch>(g.batch, g.heads, [&](int64_t b, int64_t h, Scratch& s) {
+    const auto saved = saved_of<const float, const int32_t>(
+        g, b, h, den.typed_data(), argmax.typed_data(), e_q.typed_data(), e_k.typed_data(),
+        kv.typed_data(), ksum.typed_data());
+    with_head_dim(g.dim, [&](auto dim) {
+      backward_task<dim.value>(q.typed_data(), k.typed_data(), v.typed_data(),
+                               key_mask.typed_data() + b * g.time, weights.data(), g, b, h, eps,
+                               out.typed_data(), saved, d_out.typed_data(), d_q->typed_data(),
+                               d_k->typed_data(), d_v->typed_data(), s);
+    });
   });
   return ffi::Error::Success();
 }

@@ -324,20 +324,8 @@ Geometry geometry(const ffi::Buffer<ffi::F32>& x) {
   return Geometry{dims[0], dims[1], dims[2], dims[3]};
 }
 
-template <typename Task>
-void for_each_head(const Geometry& g, Task task) {
-  const int64_t tasks = g.batch * g.heads;
-#pragma omp parallel
-  {
-    // Kept by each thread of the team between calls: no allocation or first touch per call.
-    static thread_local std::vector<float> scratch;
-#pragma omp for schedule(dynamic)
-    for (int64_t n = 0; n < tasks; ++n) task(n / g.heads, n % g.heads, scratch);
-  }
-}
-
 ffi::Error check(const Geometry& g, int64_t radius) {
-  if (g.dim != 32 && g.dim != 64 && g.dim != 128)
+  if (!supported_head_dim(g.dim))
     return ffi::Error::InvalidArgument("local_band: head_dim must be 32, 64 or 128");
   if (radius < 0 || tile_vectors(radius) > kMaxVectors)
     return ffi::Error::InvalidArgument("local_band: radius out of range");
@@ -363,15 +351,12 @@ ffi::Error Forward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffer
   if (auto error = check(g, radius); error.failure()) return error;
   const Dropout dropout = dropout_of(dropout_keys, g, radius, keep_below, scale, block,
                                      chunk_blocks);
-  const bool* mask = key_mask.typed_data();
-  for_each_head(g, [&](int64_t b, int64_t h, std::vector<float>& scratch) {
-    const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
-    float *op = out->typed_data(), *lp = lse->typed_data();
-#define MULTIFORMER_FORWARD(DIM)                                                              \
-    if (g.dim == DIM)                                                                         \
-      forward_task<DIM>(qp, kp, vp, mask, g, radius, dropout, b, h, op, lp, scratch);
-    MULTIFORMER_FORWARD(32) MULTIFORMER_FORWARD(64) MULTIFORMER_FORWARD(128)
-#undef MULTIFORMER_FORWARD
+  for_each_head<std::vector<float>>(g.batch, g.heads, [&](int64_t b, int64_t h, auto& scratch) {
+    with_head_dim(g.dim, [&](auto dim) {
+      forward_task<dim.value>(q.typed_data(), k.typed_data(), v.typed_data(),
+                              key_mask.typed_data(), g, radius, dropout, b, h,
+                              out->typed_data(), lse->typed_data(), scratch);
+    });
   });
   return ffi::Error::Success();
 }
@@ -387,17 +372,13 @@ ffi::Error Backward(ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> k, ffi::Buffe
   if (auto error = check(g, radius); error.failure()) return error;
   const Dropout dropout = dropout_of(dropout_keys, g, radius, keep_below, scale, block,
                                      chunk_blocks);
-  for_each_head(g, [&](int64_t b, int64_t h, std::vector<float>& scratch) {
-    const float *qp = q.typed_data(), *kp = k.typed_data(), *vp = v.typed_data();
-    const float *op = out.typed_data(), *lp = lse.typed_data(), *dop = d_out.typed_data();
-    const bool* mask = key_mask.typed_data();
-    float *dq = d_q->typed_data(), *dk = d_k->typed_data(), *dv = d_v->typed_data();
-#define MULTIFORMER_BACKWARD(DIM)                                                             \
-    if (g.dim == DIM)                                                                         \
-      backward_task<DIM>(qp, kp, vp, mask, op, lp, dop, g, radius, dropout, b, h, dq, dk, dv, \
-                         scratch);
-    MULTIFORMER_BACKWARD(32) MULTIFORMER_BACKWARD(64) MULTIFORMER_BACKWARD(128)
-#undef MULTIFORMER_BACKWARD
+  for_each_head<std::vector<float>>(g.batch, g.heads, [&](int64_t b, int64_t h, auto& scratch) {
+    with_head_dim(g.dim, [&](auto dim) {
+      backward_task<dim.value>(q.typed_data(), k.typed_data(), v.typed_data(),
+                               key_mask.typed_data(), out.typed_data(), lse.typed_data(),
+                               d_out.typed_data(), g, radius, dropout, b, h, d_q->typed_data(),
+                               d_k->typed_data(), d_v->typed_data(), scratch);
+    });
   });
   return ffi::Error::Success();
 }

@@ -1,11 +1,13 @@
 // Sixteen-float vectors (GCC vector extensions: one AVX-512 register, two AVX2 ones) and the
-// helpers the CPU attention kernels share.
+// helpers the CPU attention kernels share: vector arithmetic, the head sizes they are
+// instantiated for, and the OpenMP loop over (batch, head).
 
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace multiformer {
 
@@ -32,6 +34,33 @@ inline vec exp_nonpositive(vec x) {
   vec scale;
   std::memcpy(&scale, &exponent, sizeof(scale));
   return under ? vec{} : p * scale;
+}
+
+// Calls f(std::integral_constant<int, D>{}) for dim = D, one of the kernels' head sizes;
+// returns false (calling nothing) for any other dim.
+template <typename F>
+bool with_head_dim(int64_t dim, F&& f) {
+  switch (dim) {
+    case 32: f(std::integral_constant<int, 32>{}); return true;
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    default: return false;
+  }
+}
+
+inline bool supported_head_dim(int64_t dim) { return with_head_dim(dim, [](auto) {}); }
+
+// task(b, h, scratch) for every (batch, head), one task each on an OpenMP team. Each thread's
+// Scratch is kept between calls: no allocation or first touch per call.
+template <typename Scratch, typename Task>
+void for_each_head(int64_t batch, int64_t heads, Task task) {
+  const int64_t tasks = batch * heads;
+#pragma omp parallel
+  {
+    static thread_local Scratch scratch;
+#pragma omp for schedule(dynamic)
+    for (int64_t n = 0; n < tasks; ++n) task(n / heads, n % heads, scratch);
+  }
 }
 
 inline float lane_max(vec x) { float m = x[0]; for (int l = 1; l < kLanes; ++l) m = std::max(m, x[l]); return m; }
