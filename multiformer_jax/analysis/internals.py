@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from typing import Iterator
 
 import flax.linen as nn
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from data_prep.progress import progress_bar
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
@@ -119,10 +119,9 @@ def per_utterance(run: Run, indices: np.ndarray, batch_size: int, with_contribut
                   progress: bool = True, residual: bool = True) -> Iterator[tuple]:
   """For the utterances `indices` (see sample_utterances), yields (utterance index,
   [per layer dict of numpy arrays cut to the valid tokens])."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   internals = make_internals_fn(run.model, with_contributions, residual)
-  bar = tqdm(total=len(indices), desc=f"{run.stage} {run.data.split}", unit="utt",
-             disable=not progress, file=sys.stderr)
+  bar = progress_bar(total=len(indices), desc=f"{run.stage} {run.data.split}", unit="utt",
+                     disable=not progress)
   for batch in batches(run.batcher, indices, batch_size):
     mask, layers = jax.device_get(internals(run.params, jnp.asarray(batch["features"]),
                                             jnp.asarray(batch["lengths"])))

@@ -6,12 +6,12 @@ at each evaluation when eval.score_dev is set.
 
 from __future__ import annotations
 
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from data_prep.progress import progress_bar
 from multiformer_jax.evaluation import decode
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, PAD_ID, corpus_bleu, corpus_wer
@@ -99,12 +99,10 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, 
   batcher's (its `tasks`). pick: for a `translate` made with nbest=True, a function
   (hypotheses, scores [beam], lengths [beam] in tokens with EOS) -> the index of the one to
   keep (e.g. `word_lm.rescore`)."""
-  from tqdm import tqdm  # pylint: disable=import-outside-toplevel
   data = batcher.data
   hypotheses = [None] * len(data)
-  batches = tqdm(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
-                 desc=f"decoding {data.split}", unit="batch", disable=not progress,
-                 file=sys.stderr)
+  batches = progress_bar(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
+                         desc=f"decoding {data.split}", unit="batch", disable=not progress)
   forced = 0 if data.prefix is None else 1                 # a forced target-language tag
   for n, batch in enumerate(batches):
     tasks = batch_tasks(batch)

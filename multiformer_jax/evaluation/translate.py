@@ -1,23 +1,40 @@
 """Transcribe and translate your own audio files with a trained run.
 
-    python -m multiformer_jax.translate --workdir runs/quickstart a.wav b.flac ...
-        [--stages asr st] [--checkpoint best] [--beam 5] [--segment_seconds 20]
-        [--task de] [--target_lang de]
+    python -m multiformer_jax.translate --workdir runs/quickstart DIR/*.wav
+        [--output results.jsonl | results.tsv] [--stages asr st] [--checkpoint best]
+        [--beam 5] [--segment_seconds 20] [--task de] [--target_lang de]
 
 For each file: the transcript (ASR stage) and the translation (ST stage), decoded with the
 run's evaluation settings from its saved config (checkpoint selection, beam, length limits,
 joint CTC weight, word-LM rescoring).
 Audio is read as preparation reads it (any rate and channel count: downmixed and resampled to
 16 kHz mono), turned into the same Kaldi fbank features and normalised as training normalised
-them (data.cmvn). A file longer than --segment_seconds is decoded in consecutive segments of
-that length, one at a time, whose outputs are joined. `translate_files` is the same for
-notebooks.
+them (data.cmvn). A file longer than --segment_seconds is cut at its pauses (`pauses`) into
+segments of at most that length, decoded separately and joined; silent segments are left out.
+
+Files are decoded in batches, as evaluation decodes a split: each segment is padded to the
+smallest of a fixed ladder of frame buckets (`frame_buckets`: 2.56 s, then x1.5, up to
+--segment_seconds), and each bucket's batches have one size, so each stage compiles at most
+one search program per bucket whatever the number and lengths of the files. A file's result
+is written (and flushed) as soon as its last segment is decoded, so results come in the order
+files finish, not the order given; `--output` keeps them in a TSV or JSONL file and a rerun
+with the same `--output` skips the files already in it. A file that cannot be used
+(unreadable, empty, silent, non-finite samples, shorter than one 25 ms window) is reported on
+stderr with the reason and the others go on; the exit status is then 1.
+
+`translate_files` (a list, in the order given) and `FileTranslator.translate` (a generator, in
+the order decoded) are the same for notebooks.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import dataclasses
+import math
 import os
+import sys
+from typing import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +44,11 @@ from data_prep import cli_errors
 from data_prep import features as features_lib
 from data_prep import vocab as vocab_lib
 from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
+from data_prep.progress import progress_bar
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.evaluation import pauses
+from multiformer_jax.evaluation import translation_output as output_lib
 from multiformer_jax.evaluation.evaluate import (averaged_count, lm_rescorer, lm_settings,
                                                  stage_params)
 from multiformer_jax.experiment import model_config_for, task_keys
@@ -37,18 +57,54 @@ from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 from multiformer_jax.evaluation.inference import make_translate_for, picked
 from multiformer_jax.model import S2TModel
 
+DEFAULT_SEGMENT_SECONDS = 20.0
+SMALLEST_BUCKET_FRAMES = 256     # 2.56 s
+BUCKET_GROWTH = 1.5              # each bucket's frames x this, rounded up to a multiple of 16
+
+
+def fbank_frames(samples: int) -> int:
+  """The number of fbank frames (25 ms windows, 10 ms hop, snip edges) of `samples`."""
+  window, shift = pauses.FRAME_LENGTH, pauses.FRAME_SHIFT
+  return 0 if samples < window else 1 + (samples - window) // shift
+
+
+def frame_buckets(segment_seconds: float) -> list[int]:
+  """The padded lengths in frames that segments of at most segment_seconds are decoded at:
+  SMALLEST_BUCKET_FRAMES, then each BUCKET_GROWTH times the last (multiples of 16), the last
+  one the frames of a whole segment. 20 s: [256, 384, 576, 864, 1296, 2000]; 4 s: [256, 400]."""
+  most = max(1, fbank_frames(int(round(segment_seconds * SAMPLE_RATE))))
+  edges, edge = [], SMALLEST_BUCKET_FRAMES
+  while edge * BUCKET_GROWTH <= most:        # the last one is at least BUCKET_GROWTH x this
+    edges.append(edge)
+    edge = int(math.ceil(edge * BUCKET_GROWTH / 16) * 16)
+  return edges + [int(math.ceil(most / 16) * 16)]
+
+
+class UnusableAudio(ValueError):
+  """A file that cannot be decoded; the message names it and says why."""
+
 
 def audio_segments(path: str, segment_seconds: float) -> list[np.ndarray]:
-  """The file's 16 kHz mono samples in consecutive pieces of at most segment_seconds (the
-  last one shorter). Unreadable, missing or empty files raise ValueError naming the file."""
+  """The file's 16 kHz mono samples, cut at its pauses into segments of at most
+  segment_seconds (`pauses.pause_cuts`), its silent segments left out. A file that cannot be
+  used raises UnusableAudio naming it and the reason."""
   if segment_seconds <= 0:
     raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
   try:
     samples, _ = load_audio(path)
   except AudioError as error:
-    raise ValueError(f"{path}: {error}") from error
-  size = max(1, int(round(segment_seconds * SAMPLE_RATE)))
-  return [samples[start:start + size] for start in range(0, len(samples), size)]
+    raise UnusableAudio(f"{path}: {error}") from error
+  if not np.all(np.isfinite(samples)):
+    raise UnusableAudio(f"{path}: non-finite samples (NaN or infinity) in the audio")
+  if len(samples) < pauses.FRAME_LENGTH:
+    raise UnusableAudio(f"{path}: shorter than one 25 ms analysis window "
+                        f"({len(samples)} samples at {SAMPLE_RATE} Hz)")
+  pieces = [samples[start:end] for start, end in pauses.pause_cuts(samples, segment_seconds)]
+  spoken = [p for p in pieces if not pauses.is_silent(p)]
+  if not spoken:
+    raise UnusableAudio(f"{path}: silent (no stretch of it reaches {pauses.SILENCE_DBFS:g} "
+                        f"dB of full scale)")
+  return spoken
 
 
 class StageTranslator:
@@ -85,23 +141,34 @@ class StageTranslator:
     self.pick = lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty) if lm else None
     self.translate = make_translate_for(self.model, e, beam, nbest=self.pick is not None)
 
-  def __call__(self, feature_list: list[np.ndarray]) -> list[str]:
-    """Normalised-as-in-training fbank matrices [frames, 80] -> one text each."""
-    frames = max(len(f) for f in feature_list)
-    batch = np.zeros((len(feature_list), frames, features_lib.NUM_MEL_BINS), np.float32)
-    lengths = np.array([len(f) for f in feature_list], np.int32)
+  def __call__(self, feature_list: list[np.ndarray], frames: int | None = None,
+               rows: int | None = None) -> list[str]:
+    """Raw fbank matrices [frames_i, 80] -> one text each, normalised as in training and
+    decoded in one batch of `rows` rows padded to `frames` frames (default: as many as given,
+    the longest one's frames). Padding rows are one frame of zeros, as evaluation's."""
+    frames = frames or max(len(f) for f in feature_list)
+    rows = rows or len(feature_list)
+    batch = np.zeros((rows, frames, features_lib.NUM_MEL_BINS), np.float32)
+    lengths = np.ones(rows, np.int32)
     for row, f in enumerate(feature_list):
       batch[row, :len(f)] = ip.apply_cmvn(f, self.config.data.cmvn, self.gcmvn)
-    n = len(feature_list)
+      lengths[row] = len(f)
     tasks = None if self.tasks is None else tuple(
-        jnp.full((n,), self.tasks[side], jnp.int32) if side in self.tasks else None
+        jnp.full((rows,), self.tasks[side], jnp.int32) if side in self.tasks else None
         for side in ("encoder", "decoder"))
-    prefix = None if self.prefix is None else jnp.full((n,), self.prefix, jnp.int32)
+    prefix = None if self.prefix is None else jnp.full((rows,), self.prefix, jnp.int32)
     out = self.translate(self.params, jnp.asarray(batch), jnp.asarray(lengths), tasks, prefix,
                          jax.random.PRNGKey(self.config.train.seed))
-    forced = 0 if prefix is None else 1
-    tokens = np.asarray(out) if self.pick is None else picked(out, self.vocab, forced, self.pick)
+    forced, n = (0 if prefix is None else 1), len(feature_list)
+    if self.pick is None:
+      tokens = np.asarray(out)[:n]
+    else:                                       # the padding rows' n-best lists are not read
+      tokens = picked(tuple(np.asarray(x)[:n] for x in out), self.vocab, forced, self.pick)
     return [self.vocab.decode(row[forced:]) for row in tokens]
+
+  def compiled_programs(self) -> int:
+    """How many search programs this stage has compiled (one per batch shape met)."""
+    return self.translate._cache_size()  # pylint: disable=protected-access
 
 
 def stack_task_id(key: ip.TaskKey, stage: str, task: str | None, target_lang: str | None
@@ -128,59 +195,188 @@ def _prepared_summary(prepared_dir: str) -> dict:
     return json.load(f)
 
 
+@dataclasses.dataclass
+class _OpenFile:
+  """A file whose segments are queued or being decoded."""
+  index: int
+  path: str
+  segments: int
+  texts: dict[str, list]           # stage -> [segments] decoded texts (None until decoded)
+  left: int                        # segments not decoded yet
+
+
+class FileTranslator:
+  """Audio files -> their transcripts and translations, decoded in batches of a fixed set of
+  shapes (module docstring). Holds at most `max_open_files` files' features at a time: when
+  more are open, the bucket holding the oldest one's next segment is decoded, full or not."""
+
+  def __init__(self, workdir: str, stages=("asr", "st"), checkpoint: str | None = None,
+               beam: int | None = None, segment_seconds: float = DEFAULT_SEGMENT_SECONDS,
+               task: str | None = None, target_lang: str | None = None,
+               batch_frames: int | None = None, max_batch: int | None = None):
+    """batch_frames: padded frames per batch (default: the run's eval.batch_frames); max_batch:
+    the most segments a batch holds (e.g. the number of files, so that one file is not padded
+    to a batch of dozens)."""
+    if segment_seconds <= 0:
+      raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
+    for stage in stages:
+      if stage not in ip.TASKS:
+        raise ValueError(f"stage {stage!r}; valid: {ip.TASKS}")
+    self.config = ckpt_lib.load_config(workdir)
+    self.stages, self.segment_seconds = tuple(stages), segment_seconds
+    self.translators = {stage: StageTranslator(workdir, self.config, stage, checkpoint, beam,
+                                               task, target_lang) for stage in self.stages}
+    self.edges = frame_buckets(segment_seconds)
+    batch_frames = batch_frames or self.config.eval.batch_frames
+    if batch_frames <= 0 or (max_batch is not None and max_batch <= 0):
+      raise ValueError(f"batch_frames={batch_frames}, max_batch={max_batch}: give positive "
+                       f"numbers")
+    self.batch_sizes = [max(1, min(batch_frames // edge, max_batch or batch_frames))
+                        for edge in self.edges]
+    self.max_open_files = 2 * max(self.batch_sizes)
+
+  def compiled_programs(self) -> dict[str, int]:
+    """{stage: search programs compiled so far}: at most len(self.edges) each."""
+    return {stage: t.compiled_programs() for stage, t in self.translators.items()}
+
+  def translate(self, paths: Iterable[str]) -> Iterator[dict]:
+    """Yields, for each file, as soon as it is decoded: {'index' (its position in `paths`),
+    'path', 'segments', and per stage its text}, or {'index', 'path', 'error'} for a file that
+    cannot be used."""
+    queues = [collections.deque() for _ in self.edges]   # per bucket: (file, segment, fbank)
+    open_files: dict[int, _OpenFile] = {}                 # in the order they were read
+    for index, path in enumerate(paths):
+      try:
+        features = [features_lib.fbank(s) for s in audio_segments(path, self.segment_seconds)]
+      except UnusableAudio as error:
+        yield {"index": index, "path": path, "error": str(error)}
+        continue
+      open_files[index] = _OpenFile(index, path, len(features),
+                                    {stage: [None] * len(features) for stage in self.stages},
+                                    len(features))
+      for number, f in enumerate(features):
+        queues[self._bucket(len(f))].append((index, number, f))
+      for bucket, queue in enumerate(queues):
+        while len(queue) >= self.batch_sizes[bucket]:
+          yield from self._decode(bucket, queues, open_files)
+      while len(open_files) > self.max_open_files:
+        oldest = next(iter(open_files))
+        bucket = next(b for b, q in enumerate(queues) if any(i == oldest for i, _, _ in q))
+        yield from self._decode(bucket, queues, open_files)
+    for bucket, queue in enumerate(queues):
+      while queue:
+        yield from self._decode(bucket, queues, open_files)
+
+  def _bucket(self, frames: int) -> int:
+    return min(int(np.searchsorted(self.edges, frames)), len(self.edges) - 1)
+
+  def _decode(self, bucket: int, queues, open_files) -> Iterator[dict]:
+    """Decodes one batch of `bucket` (its first segments, padded to the bucket's shape) with
+    every stage; yields the files it completes."""
+    queue, size = queues[bucket], self.batch_sizes[bucket]
+    items = [queue.popleft() for _ in range(min(size, len(queue)))]
+    features = [f for _, _, f in items]
+    for stage, translator in self.translators.items():
+      for (index, number, _), text in zip(items, translator(features, self.edges[bucket], size)):
+        open_files[index].texts[stage][number] = text
+    for index, _, _ in items:
+      entry = open_files[index]
+      entry.left -= 1
+      if entry.left == 0:
+        del open_files[index]
+        yield {"index": index, "path": entry.path, "segments": entry.segments,
+               **{stage: " ".join(t for t in texts if t) for stage, texts in entry.texts.items()}}
+
+
 def translate_files(workdir: str, paths, stages=("asr", "st"), checkpoint: str | None = None,
-                    beam: int | None = None, segment_seconds: float = 20.0,
-                    task: str | None = None, target_lang: str | None = None) -> list[dict]:
-  """-> [{'path', 'segments', and per stage its text}] for each audio file, in order."""
-  config = ckpt_lib.load_config(workdir)
-  for stage in stages:
-    if stage not in ip.TASKS:
-      raise ValueError(f"stage {stage!r}; valid: {ip.TASKS}")
-  translators = {stage: StageTranslator(workdir, config, stage, checkpoint, beam, task,
-                                        target_lang) for stage in stages}
-  results = []
-  for path in paths:
-    pieces = [features_lib.fbank(s) for s in audio_segments(path, segment_seconds)]
-    pieces = [p for p in pieces if len(p) > 0]        # a tail shorter than one 25 ms window
-    if not pieces:
-      raise ValueError(f"{path}: shorter than one 25 ms analysis window")
-    result = {"path": path, "segments": len(pieces)}
-    for stage, translator in translators.items():
-      # One segment at a time: a segment decodes exactly as the same audio alone would (the
-      # segments of a file share one length but the last, so two compiled shapes per file).
-      texts = [translator([piece])[0] for piece in pieces]
-      result[stage] = " ".join(text for text in texts if text)
-    results.append(result)
+                    beam: int | None = None, segment_seconds: float = DEFAULT_SEGMENT_SECONDS,
+                    task: str | None = None, target_lang: str | None = None,
+                    on_result=None) -> list[dict]:
+  """-> [{'path', 'segments', and per stage its text}] for each audio file, in the order given;
+  a file that cannot be used has {'path', 'error'} instead. on_result(result) is called with
+  each as soon as it is decoded (in the order decoded)."""
+  paths = list(paths)
+  translator = FileTranslator(workdir, stages, checkpoint, beam, segment_seconds, task,
+                              target_lang, max_batch=_batch_cap(len(paths)))
+  results = [None] * len(paths)
+  for result in translator.translate(paths):
+    index = result.pop("index")
+    results[index] = result
+    if on_result is not None:
+      on_result(result)
   return results
 
 
-def main(argv=None):
+def _batch_cap(files: int) -> int:
+  """The largest batch worth compiling for this many files: the next power of two."""
+  return 1 << max(0, files - 1).bit_length()
+
+
+def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True, help="a run's workdir (run.py --workdir)")
   parser.add_argument("audio", nargs="+", help="audio files (wav, flac, mp3, ...)")
+  parser.add_argument("--output", default=None,
+                      help="write the results to this file (.tsv or .jsonl) instead of stdout; "
+                           "a rerun skips the files already in it")
+  parser.add_argument("--format", default=None, choices=output_lib.FORMATS,
+                      help="default: from --output's extension, text on stdout")
   parser.add_argument("--stages", nargs="+", default=["asr", "st"], choices=ip.TASKS)
   parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
                       help="default: the run's eval.checkpoint")
   parser.add_argument("--beam", type=int, default=None, help="default: the run's eval.beam")
-  parser.add_argument("--segment_seconds", type=float, default=20.0,
-                      help="longer files are decoded in segments of this length")
+  parser.add_argument("--segment_seconds", type=float, default=DEFAULT_SEGMENT_SECONDS,
+                      help="longer files are cut at pauses into segments of at most this")
+  parser.add_argument("--batch_frames", type=int, default=None,
+                      help="padded frames per batch (default: the run's eval.batch_frames)")
   parser.add_argument("--task", default=None,
                       help="multi-task models: the task of every stack not keyed by the target "
                            "language (e.g. the source language or the domain)")
   parser.add_argument("--target_lang", default=None,
                       help="one-to-many models: the language to translate into")
   args = parser.parse_args(argv)
-  results = translate_files(args.workdir, args.audio, tuple(args.stages), args.checkpoint,
-                            args.beam, args.segment_seconds, args.task, args.target_lang)
-  labels = {"asr": "transcript", "st": "translation"}
-  for result in results:
-    print(f"{result['path']} ({result['segments']} segment(s))")
-    for stage in args.stages:
-      print(f"  {labels[stage]:<12}{result[stage]}")
+  stages = tuple(args.stages)
+  _use_compilation_cache(ckpt_lib.load_config(args.workdir))   # before anything compiles
+  fmt = output_lib.output_format(args.output, args.format)
+  done = output_lib.paths_written(args.output, fmt) if args.output else set()
+  paths = [p for p in args.audio if p not in done]
+  if done:
+    print(f"{len(args.audio) - len(paths)} of {len(args.audio)} files are already in "
+          f"{args.output}; decoding the other {len(paths)}", file=sys.stderr)
+  translator = FileTranslator(args.workdir, stages, args.checkpoint, args.beam,
+                              args.segment_seconds, args.task, args.target_lang,
+                              args.batch_frames, _batch_cap(len(paths)))
+  failed = 0
+  with output_lib.ResultWriter(args.output, fmt, stages) as writer:
+    bar = progress_bar(total=len(paths), desc="translating", unit="file")
+    for result in translator.translate(paths):
+      result.pop("index")
+      if "error" in result:
+        failed += 1
+        print(f"skipped {result['error']}", file=sys.stderr, flush=True)
+      else:
+        writer.write(result)
+      bar.update(1)
+    bar.close()
+  if failed:
+    print(f"{failed} of {len(paths)} files could not be decoded (reasons above)",
+          file=sys.stderr)
+  return 1 if failed else 0
 
 
-# The command line and console script: user errors -> their message and exit status 2.
-cli = cli_errors.command_line_entry(main)
+def _use_compilation_cache(config):
+  """The run's persistent compilation cache (train.compilation_cache), as run.py uses it: a
+  second translate of the same run loads its search programs instead of compiling them."""
+  cache = config.train.get("compilation_cache", "")
+  if cache:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
+def cli():
+  """The command line and console script: user errors -> their message and exit status 2; a
+  file that could not be decoded -> exit status 1 after the others."""
+  sys.exit(cli_errors.report_user_errors(main) or 0)
 
 
 if __name__ == "__main__":

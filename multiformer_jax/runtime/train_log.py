@@ -8,6 +8,8 @@ import os
 import sys
 import time
 
+from data_prep.progress import progress_bar
+
 
 def setup_logging(level=logging.INFO):
   root = logging.getLogger("multiformer_jax")
@@ -52,9 +54,7 @@ class StageLogger:
     self.t0 = self.t_flush = time.time()
 
   def start(self, step: int, total: int):
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    self.bar = tqdm(total=total, initial=step, desc=self.stage, unit="upd", dynamic_ncols=True,
-                    file=sys.stderr)
+    self.bar = progress_bar(total=total, initial=step, desc=self.stage, unit="upd")
     self.t0 = self.t_flush = time.time()
     self.log.info("%s: training from update %d to %d; the first step compiles (tens of "
                   "seconds on CPU), that is not the steady speed", self.stage, step, total)
@@ -110,8 +110,8 @@ class StageLogger:
     self.scalars(step, record)
     if self.bar is not None:
       self.bar.n = step
-      self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}")
-      self.bar.refresh()
+      self.bar.set_postfix(loss=f"{record['loss']:.3f}", lr=f"{record['lr']:.2e}",
+                           refresh=True)
     if skipped_ids:
       self.skipped_total += len(skipped_ids)
       self.scalars(step, {"skipped_utterances": json.dumps(skipped_ids),

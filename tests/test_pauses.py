@@ -1,0 +1,111 @@
+"""Cutting long recordings at pauses: every segment within the limit, cuts in the pauses
+between sentences (synthesised speech), and progress that does not flood a log file."""
+
+import io
+
+import numpy as np
+import pytest
+import soxr
+
+from data_prep import espeak
+from data_prep.audio import SAMPLE_RATE
+from data_prep.progress import PeriodicProgress, progress_bar
+from multiformer_jax.evaluation import pauses
+
+SENTENCES = [
+    "It didn't take him more than five minutes.",
+    "His sports career was blighted by a series of injuries.",
+    "In the various regions of India, Hindus worship different gods.",
+    "The weather will be fine tomorrow.",
+    "She opened the window and looked at the sea.",
+    "We should meet again next week to talk about the plan.",
+    "Nobody knew where the old map had gone.",
+    "He will appear as a guest star in the television show.",
+]
+
+
+def _speech_span(samples, threshold=0.01):
+  """(first, last) sample index above the threshold: where the sentence's sound is."""
+  loud = np.flatnonzero(np.abs(samples) > threshold)
+  return int(loud[0]), int(loud[-1])
+
+
+@pytest.fixture(scope="module")
+def spoken():
+  """Sentences spoken by espeak-ng at 16 kHz, float in [-1, 1]."""
+  synth = espeak.Synthesizer()
+  voice = espeak.Voice("en-us", "m3", 165, 45)
+  out = []
+  for text in SENTENCES:
+    audio = synth.synthesize(text, voice).astype(np.float32) / 32768.0
+    out.append(soxr.resample(audio, synth.sample_rate, SAMPLE_RATE).astype(np.float32))
+  return out
+
+
+def test_no_sentence_is_cut_and_every_segment_is_within_the_limit(spoken):
+  rng = np.random.default_rng(0)
+  pieces, spans, at = [], [], 0
+  for audio in spoken:
+    gap = np.zeros(int(rng.uniform(0.25, 0.7) * SAMPLE_RATE), np.float32)
+    first, last = _speech_span(audio)
+    spans.append((at + first, at + last))
+    pieces += [audio, gap]
+    at += len(audio) + len(gap)
+  recording = np.concatenate(pieces)
+  recording += rng.normal(0, 1e-3, recording.shape).astype(np.float32)  # a quiet room
+  for limit in (6.0, 9.0, 14.0):
+    cuts = pauses.pause_cuts(recording, limit)
+    assert cuts[0][0] == 0 and cuts[-1][1] == len(recording)
+    assert all(a == b for (_, a), (b, _) in zip(cuts, cuts[1:]))        # contiguous
+    assert all(0 < end - start <= limit * SAMPLE_RATE for start, end in cuts)
+    for _, cut in cuts[:-1]:
+      inside = [(a, b) for a, b in spans if a < cut < b]
+      assert not inside, f"limit {limit}: cut at {cut / SAMPLE_RATE:.2f} s inside {inside}"
+    assert len(cuts) > 1
+
+
+def test_without_pauses_the_cut_is_the_softest_point_and_the_limit_holds():
+  t = np.arange(12 * SAMPLE_RATE) / SAMPLE_RATE
+  loudness = np.where(np.abs(t - 7.3) < 0.15, 0.02, 0.5)   # one soft moment at 7.3 s
+  tone = (loudness * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+  cuts = pauses.pause_cuts(tone, 8.0)
+  assert len(cuts) == 2 and abs(cuts[0][1] / SAMPLE_RATE - 7.3) < 0.1
+  flat = (0.5 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)      # nothing to prefer
+  cuts = pauses.pause_cuts(flat, 5.0)
+  assert all(end - start <= 5 * SAMPLE_RATE for start, end in cuts) and len(cuts) == 3
+
+
+def test_a_short_recording_is_one_segment_and_the_limit_must_be_positive():
+  assert pauses.pause_cuts(np.zeros(100, np.float32), 1.0) == [(0, 100)]
+  with pytest.raises(ValueError, match="segment_seconds=0"):
+    pauses.pause_cuts(np.zeros(100, np.float32), 0)
+
+
+def test_silence_is_below_the_threshold_and_speech_above(spoken):
+  assert pauses.is_silent(np.zeros(SAMPLE_RATE, np.float32))
+  assert pauses.is_silent(np.full(SAMPLE_RATE, 1e-4, np.float32))
+  assert pauses.is_silent(np.zeros(100, np.float32))                 # no whole frame
+  assert not pauses.is_silent(spoken[0])
+  sine = np.sin(2 * np.pi * 440 * np.arange(SAMPLE_RATE) / SAMPLE_RATE)
+  assert abs(pauses.frame_energy_db(sine).mean() + 3.01) < 0.05     # a full-scale sine: -3 dB
+
+
+class _Log(io.StringIO):
+  def isatty(self):
+    return False
+
+
+def test_progress_in_a_file_is_a_line_every_so_often(capsys):
+  assert isinstance(progress_bar(total=5, stream=_Log()), PeriodicProgress)
+  bar = PeriodicProgress(total=1000, desc="decoding", unit="file", every_s=3600)
+  for _ in range(1000):
+    bar.update(1)
+  bar.close()
+  lines = capsys.readouterr().err.splitlines()
+  assert len(lines) == 1 and "decoding: 1000/1000 file" in lines[0], lines
+  bar = PeriodicProgress(total=3, desc="x", every_s=0.0)
+  bar.update(1)
+  bar.update(1)
+  assert len(capsys.readouterr().err.splitlines()) == 2
+  assert list(PeriodicProgress(range(3), disable=True)) == [0, 1, 2]
+  assert capsys.readouterr().err == ""
