@@ -334,6 +334,54 @@ Identical hypotheses from both: {same}.
                  ">= 3x", f"{speed:.1f}x", _verdict(speed >= 3)]]
 
 
+def translate_section(directory):
+  """benchmarks/translate.py: a folder of recordings against evaluation of the same split."""
+  meta, rows = _load(directory, os.path.join("cpu", "translate.jsonl"))
+  if not rows:
+    return "", []
+  by = {r["measure"]: r for r in rows if r["measure"] != "evaluate"}
+  speed, memory, long = by["translate_vs_evaluate"], by["memory"], by["long_recordings"]
+  command = meta.get("command", "python benchmarks/translate.py --workdir runs/quickstart "
+                                "--out docs/benchmarks/cpu/translate.jsonl")
+  table = _table(["measure", "value"], [
+      ["evaluation of the split, both stages, warm (s)", speed["evaluate_warm_s"]],
+      [f"translate, {speed['files']} wav files, both stages, warm (s)",
+       speed["translate_warm_s"]],
+      ["translate, the same, cold: compiling included (s)", speed["translate_cold_s"]],
+      ["search programs compiled per stage", speed["compiled_programs"]],
+      ["frame buckets / batch sizes", f"{speed['buckets']} / {speed['batch_sizes']}"],
+      ["files decoded to evaluation's very text (asr, st)",
+       speed["same_text_as_evaluation"]],
+      [f"resident memory floor, files 1-100 / last 100 of {memory['files']} (MiB)",
+       f"{memory['rss_floor_mib_files_1_100']} / {memory['rss_floor_mib_last_100']}"],
+      ["resident memory peak (MiB)", memory["rss_peak_mib"]],
+      [f"{long['files']} recordings of ~{long['seconds_each']:.0f} s ({long['sentences']} "
+       f"sentences): segments cut", long["segments"]],
+      ["ASR WER: long recordings cut at pauses / the sentences one by one",
+       f"{long['wer_at_pauses']} / {long['wer_one_by_one']}"],
+      ["ST BLEU: the same", f"{long['bleu_at_pauses']} / {long['bleu_one_by_one']}"]])
+  text = f"""## translate on a folder of recordings
+
+Machine: {_machine(meta)}. Command: `{_cmd(command)}` (the run of the README's main
+command; {meta['split']}'s utterances written as 16-bit wav files; float32 matmul peak
+{meta.get('matmul_peak_gflops', '?')} GFLOP/s in the same run). Every file is cut at its
+pauses, so an utterance of two sentences is decoded as two segments: those are the files whose
+text differs from evaluation's. The BLEU of whole recordings is a document-level figure of a
+model that barely translates (its sentence-level BLEU is the evaluation's).
+
+{table}
+"""
+  growth = memory["growth"]
+  difference = long["wer_at_pauses"] - long["wer_one_by_one"]
+  return text, [
+      ["translate a folder vs evaluation of the same split (warm): <= 1.5x",
+       f"{speed['ratio']:.2f}x", _verdict(speed["ratio"] <= 1.5)],
+      ["translate's resident memory after 1000 files within 10 % of after 100",
+       f"{100 * growth:+.1f} %", _verdict(abs(growth) <= 0.10)],
+      ["long recordings cut at pauses: WER within 2 points of the sentences one by one",
+       f"{difference:+.2f}", _verdict(abs(difference) <= 2.0)]]
+
+
 def train_section(directory):
   meta, rows = _load(directory, "train_step.jsonl")
   if not rows:
@@ -488,7 +536,7 @@ def main(argv=None):
   sections, targets = [], []
   for text, rows in (attention_section(args.dir, args.dir), blockwise_section(args.dir),
                      train_section(args.dir), compile_share_section(args.dir),
-                     decode_section(args.dir),
+                     decode_section(args.dir), translate_section(args.dir),
                      page_fault_section(args.dir)):
     if text:
       sections.append(text)

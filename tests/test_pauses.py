@@ -1,5 +1,6 @@
-"""Cutting long recordings at pauses: every segment within the limit, cuts in the pauses
-between sentences (synthesised speech), and progress that does not flood a log file."""
+"""Cutting recordings at pauses: a segment per sentence where the pauses between sentences
+are long enough, never a cut inside a sentence (synthesised speech), every segment within the
+limit; and progress that does not flood a log file."""
 
 import io
 
@@ -53,15 +54,26 @@ def test_no_sentence_is_cut_and_every_segment_is_within_the_limit(spoken):
     at += len(audio) + len(gap)
   recording = np.concatenate(pieces)
   recording += rng.normal(0, 1e-3, recording.shape).astype(np.float32)  # a quiet room
-  for limit in (6.0, 9.0, 14.0):
+  gaps = [(b - a) / SAMPLE_RATE for (_, a), (b, _) in zip(spans, spans[1:])]
+  long_gaps = sum(g >= pauses.MIN_PAUSE_SECONDS + 0.05 for g in gaps)
+  assert 0 < long_gaps < len(gaps)
+  for limit in (6.0, 9.0, 14.0, 1000.0):
     cuts = pauses.pause_cuts(recording, limit)
-    assert cuts[0][0] == 0 and cuts[-1][1] == len(recording)
-    assert all(a == b for (_, a), (b, _) in zip(cuts, cuts[1:]))        # contiguous
+    assert all(a < b <= c < d for (a, b), (c, d) in zip(cuts, cuts[1:]))   # in order
     assert all(0 < end - start <= limit * SAMPLE_RATE for start, end in cuts)
-    for _, cut in cuts[:-1]:
-      inside = [(a, b) for a, b in spans if a < cut < b]
-      assert not inside, f"limit {limit}: cut at {cut / SAMPLE_RATE:.2f} s inside {inside}"
-    assert len(cuts) > 1
+    for first, last in spans:             # every sentence whole inside one segment
+      assert any(start <= first and last < end for start, end in cuts), \
+          f"limit {limit}: the sentence at {first / SAMPLE_RATE:.2f} s is cut: {cuts}"
+    # Between segments only pause: at most the margin of it is kept on either side.
+    for (_, end), (start, _) in zip(cuts, cuts[1:]):
+      assert not any(first < start and last > end for first, last in spans)
+    assert len(cuts) > long_gaps          # every pause between sentences is a cut
+    kept = sum(end - start for start, end in cuts) / SAMPLE_RATE
+    assert kept < len(recording) / SAMPLE_RATE - 0.2 * long_gaps   # the pauses left out
+  # A sentence alone, with silence before and after it: one segment.
+  quiet = np.zeros(SAMPLE_RATE // 2, np.float32)
+  for audio in spoken:
+    assert len(pauses.pause_cuts(np.concatenate([quiet, audio, quiet]), 1000.0)) == 1
 
 
 def test_without_pauses_the_cut_is_the_softest_point_and_the_limit_holds():
