@@ -100,12 +100,22 @@ def get_config(arg=None):
   d.embedded_speakers_per_variant = 1   # embedded corpus: training speakers of each variant
   d.embedded_extra_training_variants = False  # embedded corpus: 37 more training voices
   d.embedded_max_heldout = 0   # embedded corpus: cap on dev and on test sentences (0 = none)
+  d.embedded_synthesizers = "espeak"   # embedded corpus: training voices' synthesizers,
+                               # espeak plus any of flite, festival (fetched with apt-get download)
+  d.embedded_unseen_synthesizer = ""   # embedded corpus: build tst-unseen-synth, tst-COMMON's
+                               # sentences spoken by this synthesizer (flite | festival)
+  d.embedded_bible_english = "web"     # embedded corpus, text "bible": web | kjv
+  d.embedded_bible_max_words = 20      # embedded corpus, text "bible": longest verse kept
   d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
   d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)
   d.st_vocab = 8000
   d.train_split = "train"
   d.dev_split = "dev"
   d.test_split = "tst-COMMON"
+  d.speed_perturb = ""         # training utterances at each of these speeds, e.g. "0.9,1.0,1.1"
+                               # (Kaldi's speed perturbation, done when preparing)
+  d.extra_test_splits = ""     # comma-separated: also prepared, and evaluated after training
+                               # beside test_split (e.g. the embedded tst-unseen-synth)
   d.max_frames = 40000         # padded source frames per global batch (fairseq max_tokens);
                                # x {stage}.update_freq = frames per update (fairseq's MuST-C
                                # recipe: 40000 x 8 = 320k)

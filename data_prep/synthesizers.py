@@ -1,0 +1,173 @@
+"""Speech synthesizers beyond espeak-ng for the embedded corpus: flite and festival.
+
+Both come from Debian's packages, fetched without root into a cache (`debian_packages`) and
+run as programs with LD_LIBRARY_PATH pointing into the unpacked libraries, so a corpus hears
+voices of three synthesizer families:
+- flite (CMU Flite 2.2): `kal16`, `awb`, `rms` (male) and `slt` (female), 16 kHz; a speaker's
+  rate is flite's duration_stretch, its pitch the intonation model's mean F0.
+- festival (2.5) with its `kal_diphone` voice (Debian's festvox-kallpc16k, 16 kHz); a
+  speaker's rate is festival's Duration_Stretch. festival links libsndfile, which Debian
+  packages with a dozen codec libraries; the copy bundled in the `soundfile` wheel (a
+  requirement) stands in for it.
+
+`Voice.engine` names the synthesizer; `Voice.rate` is words per minute as espeak-ng's (175 =
+each synthesizer's own speed) and `Voice.pitch` 0-99 as espeak-ng's (50 = the voice's own).
+A synthesizer that cannot be had raises SynthesizerUnavailable saying what is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import wave
+
+import numpy as np
+
+from data_prep import debian_packages
+
+NATURAL_RATE = 175           # espeak-ng's default words per minute: duration stretch 1
+FLITE_VOICES = {"male": ("kal16", "awb", "rms"), "female": ("slt",)}
+FLITE_F0 = {"kal16": 105.0, "awb": 110.0, "rms": 100.0, "slt": 180.0}   # Hz, the voice's own
+FLITE_PACKAGES = ("flite", "libflite1")
+FESTIVAL_VOICES = {"male": ("kal_diphone",)}
+FESTIVAL_PACKAGES = ("festival", "libestools2.5", "libpulse0", "libasyncns0", "festlex-cmu",
+                     "festlex-poslex", "festvox-kallpc16k")
+LIB_DIR = os.path.join("usr", "lib", "x86_64-linux-gnu")
+FESTIVAL_DIR = os.path.join("usr", "share", "festival")
+
+
+class SynthesizerUnavailable(debian_packages.PackageUnavailable):
+  """A synthesizer that cannot be fetched or run here."""
+
+
+def duration_stretch(rate: int) -> float:
+  """A speaker's words per minute -> the synthesizers' duration stretch (> 1: slower)."""
+  return NATURAL_RATE / float(rate)
+
+
+def read_wav(path: str) -> tuple[np.ndarray, int]:
+  """(int16 samples, rate) of a 16-bit mono wav file."""
+  with wave.open(path, "rb") as f:
+    if f.getsampwidth() != 2 or f.getnchannels() != 1:
+      raise SynthesizerUnavailable(f"{path}: expected 16-bit mono audio from the synthesizer")
+    return np.frombuffer(f.readframes(f.getnframes()), "<i2").copy(), f.getframerate()
+
+
+def _unpacked(packages, cache_dir: str, what: str) -> dict[str, str]:
+  try:
+    return debian_packages.fetch_all(packages, cache_dir)
+  except debian_packages.PackageUnavailable as error:
+    raise SynthesizerUnavailable(f"{what} is not available ({error}); it is built from "
+                                 f"Debian's {', '.join(packages)}") from error
+
+
+def _library_path(roots) -> str:
+  dirs = []
+  for root in roots:
+    for sub in (LIB_DIR, os.path.join(LIB_DIR, "pulseaudio")):
+      if os.path.isdir(os.path.join(root, sub)):
+        dirs.append(os.path.join(root, sub))
+  return os.pathsep.join(dirs + [os.environ.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
+
+
+def _run(command, env, what: str):
+  try:
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
+                          check=False)
+  except (OSError, subprocess.TimeoutExpired) as error:
+    raise SynthesizerUnavailable(f"{what} could not run: {error}") from error
+  if done.returncode:
+    raise SynthesizerUnavailable(f"{what} failed (exit {done.returncode}): "
+                                 f"{(done.stderr or done.stdout).strip()[-300:]}")
+
+
+class Flite:
+  """flite as a program: synthesize(text, voice) -> int16 samples at `sample_rate`."""
+
+  sample_rate = 16000
+
+  def __init__(self, cache_dir: str):
+    roots = _unpacked(FLITE_PACKAGES, cache_dir, "flite")
+    self.binary = os.path.join(roots["flite"], "usr", "bin", "flite")
+    self.env = dict(os.environ, LD_LIBRARY_PATH=_library_path(roots.values()))
+    self._work = tempfile.TemporaryDirectory(prefix="flite-")
+
+  def synthesize(self, text: str, voice) -> np.ndarray:
+    if voice.variant not in FLITE_F0:
+      raise ValueError(f"flite voice {voice.variant!r}; valid: {sorted(FLITE_F0)}")
+    out = os.path.join(self._work.name, "out.wav")
+    f0 = FLITE_F0[voice.variant] * 2.0 ** ((voice.pitch - 50) / 100.0)   # +-1/2 octave
+    _run([self.binary, "-voice", voice.variant, "--setf",
+          f"duration_stretch={duration_stretch(voice.rate):.3f}", "--setf",
+          f"int_f0_target_mean={f0:.1f}", "-t", text, "-o", out], self.env, "flite")
+    samples, rate = read_wav(out)
+    if rate != self.sample_rate:
+      raise SynthesizerUnavailable(f"flite voice {voice.variant} speaks at {rate} Hz, not "
+                                   f"{self.sample_rate}")
+    return samples
+
+
+def _scheme_string(text: str) -> str:
+  return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+class Festival:
+  """festival as a program: synthesize(text, voice) -> int16 samples at `sample_rate`."""
+
+  sample_rate = 16000
+
+  def __init__(self, cache_dir: str):
+    roots = _unpacked(FESTIVAL_PACKAGES, cache_dir, "festival")
+    self.binary = os.path.join(roots["festival"], "usr", "bin", "festival")
+    # One festival library folder: the program's scheme files, the lexicons and the voice.
+    self.lib_dir = os.path.join(cache_dir, "festival-lib")
+    if not os.path.isdir(self.lib_dir):
+      staging = self.lib_dir + ".tmp"
+      shutil.rmtree(staging, ignore_errors=True)
+      shutil.copytree(os.path.join(roots["festival"], FESTIVAL_DIR), staging, symlinks=True)
+      for package in FESTIVAL_PACKAGES:
+        source = os.path.join(roots[package], FESTIVAL_DIR)
+        if package != "festival" and os.path.isdir(source):
+          shutil.copytree(source, staging, dirs_exist_ok=True, symlinks=True)
+      os.replace(staging, self.lib_dir)
+    libs = os.path.join(cache_dir, "festival-libsndfile")
+    os.makedirs(libs, exist_ok=True)
+    if not os.path.exists(os.path.join(libs, "libsndfile.so.1")):
+      os.symlink(_bundled_libsndfile(), os.path.join(libs, "libsndfile.so.1"))
+    self.env = dict(os.environ, LD_LIBRARY_PATH=_library_path(roots.values()) + os.pathsep +
+                    libs)
+    self._work = tempfile.TemporaryDirectory(prefix="festival-")
+
+  def synthesize(self, text: str, voice) -> np.ndarray:
+    if voice.variant not in FESTIVAL_VOICES["male"]:
+      raise ValueError(f"festival voice {voice.variant!r}; valid: {FESTIVAL_VOICES['male']}")
+    out = os.path.join(self._work.name, "out.wav")
+    script = os.path.join(self._work.name, "say.scm")
+    with open(script, "w", encoding="utf-8") as f:
+      f.write(f'(set! lexdir {_scheme_string(os.path.join(self.lib_dir, "dicts") + "/")})\n'
+              f"(voice_{voice.variant})\n"
+              f"(Parameter.set 'Duration_Stretch {duration_stretch(voice.rate):.3f})\n"
+              f"(set! utt (Utterance Text {_scheme_string(text)}))\n"
+              f"(utt.synth utt)\n"
+              f"(utt.save.wave utt {_scheme_string(out)} 'riff)\n")
+    _run([self.binary, "--libdir", self.lib_dir + "/", "--datadir", self.lib_dir + "/", "-b",
+          script], self.env, "festival")
+    samples, rate = read_wav(out)
+    if rate != self.sample_rate:
+      raise SynthesizerUnavailable(f"festival voice {voice.variant} speaks at {rate} Hz")
+    return samples
+
+
+def _bundled_libsndfile() -> str:
+  try:
+    import soundfile  # pylint: disable=import-outside-toplevel
+  except ImportError as error:
+    raise SynthesizerUnavailable("festival needs libsndfile: pip install soundfile") from error
+  path = os.path.join(os.path.dirname(soundfile.__file__), "_soundfile_data",
+                      "libsndfile_x86_64.so")
+  if not os.path.exists(path):
+    raise SynthesizerUnavailable(f"festival needs libsndfile; not found at {path} (install "
+                                 f"Debian's libsndfile1)")
+  return path

@@ -1,0 +1,189 @@
+"""The embedded corpus's Bible text (English-Spanish verses) and its other synthesizers (flite,
+festival): markup cleaned, verses filtered and deduplicated, held-out sentences never trained
+on; the synthesizers driven through stand-in programs; what cannot be had is named and left
+out; the unseen-synthesizer split speaks tst-COMMON's sentences in a family no training or dev
+utterance uses."""
+
+import json
+import os
+import stat
+import sys
+import wave
+
+import numpy as np
+import pytest
+
+from data_prep import bible, debian_packages, po_text, synthesizers
+from data_prep import embedded_corpus as ec
+from data_prep.espeak import Voice
+
+WEB_JOHN_3_16 = (
+    '<q marker="" who="Jesus"><w lemma="strong:G1063">For</w> <w lemma="strong:G2316">God</w> '
+    'so loved the world, that he gave his only born</q><note placement="foot"><reference '
+    'type="annotateRef">3:16 </reference>The phrase “only born” is from the Greek.</note><q '
+    'marker="" who="Jesus"><w lemma="strong:G5207">Son</w>, that whoever believes in him '
+    'should not perish, but have eternal life. </q>')
+
+
+def test_markup_is_removed_and_a_footnote_leaves_a_space():
+  assert bible.clean(WEB_JOHN_3_16) == (
+      "For God so loved the world, that he gave his only born Son, that whoever believes in "
+      "him should not perish, but have eternal life.")
+  assert bible.clean(" ¶ Y dijo Dios: Sea la luz: y fué la luz. ") == \
+      "Y dijo Dios: Sea la luz: y fué la luz."
+  assert bible.clean("que ha dado á su Hijo, y ó dos") == "que ha dado a su Hijo, y o dos"
+
+
+def test_verses_are_filtered_and_each_english_text_kept_once():
+  verses = [
+      ("Gen 1:1", "In the beginning, God created the heavens and the earth.",
+       "En el principio crió Dios los cielos y la tierra."),
+      ("Gen 1:3", "God said, \"Let there be light,\" and there was light.",
+       "Y dijo Dios: Sea la luz: y fué la luz."),
+      ("Exo 6:10", "Yahweh spoke to Moses, saying,", "Y habló Jehová á Moisés, diciendo:"),
+      ("Lev 4:1", "Yahweh spoke to Moses, saying.", "Y habló Jehová á Moisés, diciendo:"),
+      ("Num 1:1", "Yahweh spoke to Moses, saying.", "Habló Jehová á Moisés."),   # repeated
+      ("Num 7:12", "He who offered his offering the first day was Nahshon.",
+       "Y el que ofreció su ofrenda el primer día fué Naasón hijo de Aminadab, de la tribu "
+       "de Judá. Y su ofrenda fué 12 siclos."),                               # a digit
+      ("Psa 23:1", " ".join(["word"] * 30).capitalize() + ".", "Largo."),        # too long
+      ("Mat 22:20", "He asked them, \"Whose is this image?\"", "¿Cúya es esta figura?"),
+  ]
+  pairs = bible.filtered_pairs(verses, max_words=20)
+  assert [en for en, _ in pairs] == [
+      "In the beginning, God created the heavens and the earth.",
+      "God said, \"Let there be light,\" and there was light.",
+      "Yahweh spoke to Moses, saying.",
+      "He asked them, \"Whose is this image?\""]
+  assert pairs[2][1] == "Y habló Jehová á Moisés, diciendo:"      # the first of the repeats
+  assert len(bible.filtered_pairs(verses, max_words=8)) == 2
+
+
+def test_the_corpus_reads_the_cached_verses_and_holds_out_unseen_sentences(monkeypatch, tmp_path):
+  verses = [(f"Gen 1:{i}", f"The verse number {'x' * (i % 9 + 1)} says {'y' * (i // 9 + 1)}.",
+             f"El versículo {'x' * (i % 9 + 1)} dice {'y' * (i // 9 + 1)}.") for i in range(240)]
+  verses += verses[:10]                                              # repeated verses
+  cache = tmp_path / "cache"
+  cache.mkdir()
+  (cache / "bible-web-sparv-verses.json").write_text(json.dumps(verses), encoding="utf-8")
+  monkeypatch.setattr(ec.po_text, "sentence_pairs", lambda wheel, language: [])
+  spec = ec.CorpusSpec(target="es", text=("bible",), max_heldout=8,
+                       wheel_cache=str(cache / "wheels"))
+  pairs = ec.bible_pairs(spec, "en", "es")
+  assert len(pairs) == 240 and {d for _, _, d in pairs} == {"bible"}
+  plan = ec.plan_direction(spec, "en", "es", {"x": "wheel"}, pairs)
+  texts = {split: {s.source for talk in talks for s in talk} for split, talks in plan.items()}
+  assert len(texts["dev"]) == len(texts["tst-COMMON"]) == 8
+  assert not (texts["dev"] | texts["tst-COMMON"]) & texts["train"]
+  assert ec.bible_pairs(ec.CorpusSpec(target="es"), "en", "es") == []    # not asked for
+  assert ec.bible_pairs(spec, "en", "de") == []                           # not English-Spanish
+
+
+def test_without_apt_the_bible_is_left_out_with_a_warning(monkeypatch, tmp_path):
+  monkeypatch.setattr(debian_packages.shutil, "which", lambda tool: None)
+  with pytest.raises(bible.BibleUnavailable, match=r"apt-get and dpkg-deb not found.*"
+                                                   r"sword-text-web"):
+    bible.fetch_modules("web", str(tmp_path))
+  said = []
+  spec = ec.CorpusSpec(target="es", text=("catalogs", "bible"),
+                       wheel_cache=str(tmp_path / "wheels"))
+  assert ec.bible_pairs(spec, "en", "es", said.append) == []
+  assert "without the Bible verses (apt-get and dpkg-deb not found" in said[0]
+  with pytest.raises(ValueError, match="bible_english 'nrsv'; valid: kjv, web"):
+    ec.CorpusSpec(bible_english="nrsv")
+
+
+def _stand_in(root, name, body):
+  """An executable `name` under root/usr/bin running `body` (Python) with sys.argv."""
+  path = root / "usr" / "bin" / name
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(f"#!{sys.executable}\nimport sys, wave, re\n{body}", encoding="utf-8")
+  path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+WRITE_WAV = '''
+def write(out, seconds):
+  with wave.open(out, "wb") as f:
+    f.setnchannels(1); f.setsampwidth(2); f.setframerate(16000)
+    f.writeframes(b"\\x10\\x00" * int(16000 * seconds))
+open(sys.argv[0] + ".calls", "a").write(repr(sys.argv[1:]) + "\\n")
+'''
+
+
+@pytest.fixture
+def stand_in_synthesizers(tmp_path, monkeypatch):
+  """flite and festival as stand-in programs that record their arguments and write 16 kHz
+  audio whose length is the duration stretch (flite) or 1 s (festival)."""
+  roots = {package: tmp_path / package for package in
+           synthesizers.FLITE_PACKAGES + synthesizers.FESTIVAL_PACKAGES}
+  _stand_in(roots["flite"], "flite", WRITE_WAV + '''
+args = sys.argv[1:]
+stretch = float([a for a in args if a.startswith("duration_stretch=")][0].split("=")[1])
+write(args[args.index("-o") + 1], stretch)
+''')
+  _stand_in(roots["festival"], "festival", WRITE_WAV + '''
+script = open(sys.argv[-1]).read()
+write(re.search(r'utt.save.wave utt "([^"]+)"', script).group(1), 1.0)
+''')
+  (roots["festival"] / synthesizers.FESTIVAL_DIR).mkdir(parents=True)
+  monkeypatch.setattr(debian_packages, "fetch_all",
+                      lambda packages, cache: {p: str(roots[p]) for p in packages})
+  return roots
+
+
+def _calls(root, name):
+  path = root / "usr" / "bin" / f"{name}.calls"
+  return [eval(line) for line in path.read_text().splitlines()]  # pylint: disable=eval-used
+
+
+def test_flite_and_festival_are_driven_as_programs(stand_in_synthesizers, tmp_path):
+  flite = synthesizers.Flite(str(tmp_path / "cache"))
+  audio = flite.synthesize("It was no picnic.", Voice("en-us", "slt", 140, 60, "flite"))
+  assert audio.dtype == np.int16 and len(audio) == int(16000 * 175 / 140)
+  (args,) = _calls(stand_in_synthesizers["flite"], "flite")
+  assert args[:2] == ["-voice", "slt"] and "It was no picnic." in args
+  assert f"int_f0_target_mean={180 * 2 ** 0.1:.1f}" in args
+  with pytest.raises(ValueError, match="flite voice 'm3'; valid: .*'slt'"):
+    flite.synthesize("x.", Voice("en-us", "m3", 140, 60, "flite"))
+  festival = synthesizers.Festival(str(tmp_path / "cache"))
+  audio = festival.synthesize('He said "no".', Voice("en-us", "kal_diphone", 175, 50,
+                                                     "festival"))
+  assert len(audio) == 16000
+  (args,) = _calls(stand_in_synthesizers["festival"], "festival")
+  assert args[0] == "--libdir" and args[-2] == "-b"
+
+
+def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch):
+  def unavailable(engine, cache_dir):
+    raise synthesizers.SynthesizerUnavailable(f"{engine}: apt-get not found")
+  monkeypatch.setattr(ec, "_engine", unavailable)
+  said = []
+  spec = ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="festival")
+  effective = ec.effective_spec(spec, said.append)
+  assert effective.synthesizers == ("espeak",) and effective.unseen_synthesizer == ""
+  assert effective.splits() == ec.SPLITS
+  assert "without flite" in said[0] and "training hears espeak-ng alone" in said[0]
+  assert "without festival" in said[1] and "no tst-unseen-synth split" in said[1]
+  with pytest.raises(ValueError, match="unseen synthesizer 'flite'; valid: one of flite, "
+                                       "festival that training does not use"):
+    ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="flite")
+
+
+def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common():
+  wheels = po_text.download_wheels(po_text.default_wheel_cache())
+  kwargs = dict(max_sentences=400, max_heldout=20)
+  plain = ec.plan_direction(ec.CorpusSpec(**kwargs), "en", "de", wheels)
+  mixed = ec.plan_direction(ec.CorpusSpec(**kwargs, synthesizers=("espeak", "flite"),
+                                          unseen_synthesizer="festival"), "en", "de", wheels)
+  segments = lambda plan, split: [s for talk in plan[split] for s in talk]
+  for split in ("dev", "tst-COMMON"):                   # the held-out splits are unchanged
+    assert segments(plain, split) == segments(mixed, split)
+  engines = lambda split: {s.voice.engine for s in segments(mixed, split)}
+  assert engines("train") == {"espeak", "flite"} and engines("dev") == {"espeak"}
+  assert engines("tst-unseen-synth") == {"festival"}
+  flite_share = np.mean([s.voice.engine == "flite" for s in segments(mixed, "train")])
+  assert 0.05 < flite_share < 0.35                      # 4 of 24 training voices
+  assert sorted(s.source for s in segments(mixed, "tst-unseen-synth")) == \
+      sorted(s.source for s in segments(mixed, "tst-COMMON"))
+  assert sorted(s.source for s in segments(plain, "train")) == \
+      sorted(s.source for s in segments(mixed, "train"))
