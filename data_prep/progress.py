@@ -42,10 +42,14 @@ class PeriodicProgress:
     self.t0 = self.t_logged = time.time()
 
   def __iter__(self):
-    for item in self.iterable:
-      yield item
-      self.update(1)
-    self.close()
+    """Counts an item as it is handed out, and logs the last line when the loop ends or is
+    left (a `zip` with a shorter iterable never asks this one for its end)."""
+    try:
+      for item in self.iterable:
+        self.update(1)
+        yield item
+    finally:
+      self.close()
 
   def update(self, n: int = 1):
     self.n += n

@@ -2,6 +2,7 @@
 are long enough, never a cut inside a sentence (synthesised speech), every segment within the
 limit; and progress that does not flood a log file."""
 
+import gc
 import io
 
 import numpy as np
@@ -121,3 +122,9 @@ def test_progress_in_a_file_is_a_line_every_so_often(capsys):
   assert len(capsys.readouterr().err.splitlines()) == 2
   assert list(PeriodicProgress(range(3), disable=True)) == [0, 1, 2]
   assert capsys.readouterr().err == ""
+  # Behind a zip that stops first (as the corpus build iterates it), the last line still comes.
+  bar = PeriodicProgress(range(4), desc="talks", every_s=3600)
+  assert len(list(zip(range(4), bar))) == 4
+  del bar
+  gc.collect()
+  assert "talks: 4/4 it" in capsys.readouterr().err

@@ -92,8 +92,11 @@ def audio_segments(path: str, segment_seconds: float) -> list[np.ndarray]:
     raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
   try:
     samples, _ = load_audio(path)
-  except AudioError as error:
-    raise UnusableAudio(f"{path}: {error}") from error
+  except AudioError as error:     # its detail names the file too: once is enough
+    detail = str(error)[len(error.reason) + 2:]
+    detail = "" if detail == path else detail.replace(f"{path}: ", "")
+    raise UnusableAudio(f"{path}: {error.reason}" + (f": {detail}" if detail else "")) \
+        from error
   if not np.all(np.isfinite(samples)):
     raise UnusableAudio(f"{path}: non-finite samples (NaN or infinity) in the audio")
   if len(samples) < pauses.FRAME_LENGTH:
