@@ -50,17 +50,14 @@ def initialize_distributed(jax):
 
 def main(argv):
   del argv
-  import os  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   from multiformer_jax.training import train  # after flag parsing: imports JAX
   from multiformer_jax.runtime.train_log import setup_logging
   from multiformer_jax.runtime import faults  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.runtime import compile_clock  # pylint: disable=import-outside-toplevel
   initialize_distributed(jax)
   setup_logging()
-  cache = _CONFIG.value.train.compilation_cache
-  if cache:   # reruns and resumed runs load compiled steps instead of compiling them again
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+  compile_clock.use_compilation_cache(_CONFIG.value)
   try:
     results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
   except faults.Preempted as stopped:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import multiprocessing
 import os
@@ -205,11 +206,9 @@ def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
   unseen = [spec.unseen_synthesizer] if spec.unseen_synthesizer else []
   missing = []
   for engine in engines + unseen:
-    try:
-      _engine(engine, synthesizer_cache(spec)).synthesize(
-          "Hello.", Voice("en-us", ENGINE_VOICES[engine]["male"][0], 175, 50, engine))
-    except synthesizers.SynthesizerUnavailable as error:
-      log(f"WARNING: the embedded corpus is built without {engine} ({error}); "
+    problem = _engine_problem(engine, synthesizer_cache(spec))
+    if problem:
+      log(f"WARNING: the embedded corpus is built without {engine} ({problem}); "
           + ("training hears espeak-ng alone" if engine in engines else
              f"there is no {UNSEEN_SYNTH_SPLIT} split"))
       missing.append(engine)
@@ -218,6 +217,18 @@ def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
   return dataclasses.replace(
       spec, synthesizers=tuple(e for e in spec.synthesizers if e not in missing),
       unseen_synthesizer="" if spec.unseen_synthesizer in missing else spec.unseen_synthesizer)
+
+
+@functools.lru_cache(maxsize=None)
+def _engine_problem(engine: str, cache_dir: str) -> str:
+  """Why `engine` cannot synthesise here ("" if it can): fetched and run once per process, so
+  building, checking a build and preparing ask it once."""
+  try:
+    _engine(engine, cache_dir).synthesize(
+        "Hello.", Voice("en-us", ENGINE_VOICES[engine]["male"][0], 175, 50, engine))
+  except synthesizers.SynthesizerUnavailable as error:
+    return str(error)
+  return ""
 
 
 def _engine_speakers(rng, language: str, engine: str, per_voice: int,

@@ -36,8 +36,7 @@ def _mel_filter_lefts(sample_rate: int, num_mel_bins: int):
 @functools.lru_cache(maxsize=None)
 def _fbank_constants(sample_rate: int, num_mel_bins: int):
   """(frame length, shift, FFT size, povey window [length], mel banks [fft_size/2, bins])."""
-  length = int(sample_rate * FRAME_LENGTH_S)
-  shift = int(sample_rate * FRAME_SHIFT_S)
+  length, shift = frame_geometry(sample_rate)
   fft_size = 1 << (length - 1).bit_length()
   n = np.arange(length)
   window = (0.5 - 0.5 * np.cos(2 * np.pi * n / (length - 1))) ** 0.85
@@ -51,14 +50,25 @@ def _fbank_constants(sample_rate: int, num_mel_bins: int):
   return length, shift, fft_size, window, np.ascontiguousarray(banks.T)
 
 
+def frame_geometry(sample_rate: int = 16000) -> tuple[int, int]:
+  """(window length, shift) in samples of the analysis frames: 25 ms and 10 ms."""
+  return int(sample_rate * FRAME_LENGTH_S), int(sample_rate * FRAME_SHIFT_S)
+
+
+def num_frames(samples: int, sample_rate: int = 16000) -> int:
+  """How many frames `fbank` gives for this many samples (snip edges: whole windows only)."""
+  length, shift = frame_geometry(sample_rate)
+  return 0 if samples < length else 1 + (samples - length) // shift
+
+
 def fbank(samples: np.ndarray, sample_rate: int = 16000,
           num_mel_bins: int = NUM_MEL_BINS) -> np.ndarray:
   """float samples in [-1, 1] -> [frames, num_mel_bins] float32."""
   length, shift, fft_size, window, banks = _fbank_constants(sample_rate, num_mel_bins)
   x = np.asarray(samples, np.float64) * 32768.0
-  if len(x) < length:
+  count = num_frames(len(x), sample_rate)
+  if count == 0:
     return np.zeros((0, num_mel_bins), np.float32)
-  count = 1 + (len(x) - length) // shift
   frames = np.lib.stride_tricks.sliding_window_view(x, length)[::shift][:count]  # [T, length]
   frames = frames - frames.mean(axis=1, keepdims=True)
   emphasised = np.empty_like(frames)

@@ -153,7 +153,15 @@ def test_flite_and_festival_are_driven_as_programs(stand_in_synthesizers, tmp_pa
   assert args[0] == "--libdir" and args[-2] == "-b"
 
 
-def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch):
+@pytest.fixture
+def fresh_engine_answers():
+  """Each synthesizer's availability is asked afresh (it is remembered per process)."""
+  ec._engine_problem.cache_clear()  # pylint: disable=protected-access
+  yield
+  ec._engine_problem.cache_clear()  # pylint: disable=protected-access
+
+
+def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch, fresh_engine_answers):
   def unavailable(engine, cache_dir):
     raise synthesizers.SynthesizerUnavailable(f"{engine}: apt-get not found")
   monkeypatch.setattr(ec, "_engine", unavailable)
@@ -164,6 +172,8 @@ def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch):
   assert effective.splits() == ec.SPLITS
   assert "without flite" in said[0] and "training hears espeak-ng alone" in said[0]
   assert "without festival" in said[1] and "no tst-unseen-synth split" in said[1]
+  monkeypatch.setattr(ec, "_engine", lambda engine, cache_dir: pytest.fail("asked again"))
+  assert ec.effective_spec(spec, said.append) == effective      # once per process
   with pytest.raises(ValueError, match="unseen synthesizer 'flite'; valid: one of flite, "
                                        "festival that training does not use"):
     ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="flite")

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from data_prep import features
 from data_prep.audio import SAMPLE_RATE
 
-FRAME_SHIFT = SAMPLE_RATE // 100          # 10 ms
-FRAME_LENGTH = SAMPLE_RATE * 25 // 1000   # 25 ms: fbank's analysis window
+FRAME_LENGTH, FRAME_SHIFT = features.frame_geometry(SAMPLE_RATE)   # fbank's 25 ms / 10 ms
 SMOOTH_SECONDS = 0.2
 QUIET_MARGIN_DB = 3.0
 PAUSE_BELOW_DB = 30.0
@@ -41,9 +41,9 @@ SEARCH_SECONDS = 5.0
 def frame_energy_db(samples: np.ndarray, smooth_seconds: float = SMOOTH_SECONDS) -> np.ndarray:
   """[frames] each 10 ms frame's energy in dB of full scale (a sine of amplitude 1: -3 dB),
   over its 25 ms window, smoothed by a `smooth_seconds` moving average of the power (0: not)."""
-  if len(samples) < FRAME_LENGTH:
+  count = features.num_frames(len(samples), SAMPLE_RATE)
+  if count == 0:
     return np.zeros((0,), np.float64)
-  count = 1 + (len(samples) - FRAME_LENGTH) // FRAME_SHIFT
   squares = np.concatenate([[0.0], np.cumsum(np.asarray(samples, np.float64) ** 2)])
   starts = np.arange(count) * FRAME_SHIFT
   power = (squares[starts + FRAME_LENGTH] - squares[starts]) / FRAME_LENGTH   # [frames]

@@ -46,6 +46,7 @@ from data_prep import vocab as vocab_lib
 from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
 from data_prep.progress import progress_bar
 from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.runtime import compile_clock
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import pauses
 from multiformer_jax.evaluation import translation_output as output_lib
@@ -62,17 +63,11 @@ SMALLEST_BUCKET_FRAMES = 256     # 2.56 s
 BUCKET_GROWTH = 1.5              # each bucket's frames x this, rounded up to a multiple of 16
 
 
-def fbank_frames(samples: int) -> int:
-  """The number of fbank frames (25 ms windows, 10 ms hop, snip edges) of `samples`."""
-  window, shift = pauses.FRAME_LENGTH, pauses.FRAME_SHIFT
-  return 0 if samples < window else 1 + (samples - window) // shift
-
-
 def frame_buckets(segment_seconds: float) -> list[int]:
   """The padded lengths in frames that segments of at most segment_seconds are decoded at:
   SMALLEST_BUCKET_FRAMES, then each BUCKET_GROWTH times the last (multiples of 16), the last
   one the frames of a whole segment. 20 s: [256, 384, 576, 864, 1296, 2000]; 4 s: [256, 400]."""
-  most = max(1, fbank_frames(int(round(segment_seconds * SAMPLE_RATE))))
+  most = max(1, features_lib.num_frames(int(round(segment_seconds * SAMPLE_RATE))))
   edges, edge = [], SMALLEST_BUCKET_FRAMES
   while edge * BUCKET_GROWTH <= most:        # the last one is at least BUCKET_GROWTH x this
     edges.append(edge)
@@ -339,7 +334,7 @@ def main(argv=None) -> int:
                       help="one-to-many models: the language to translate into")
   args = parser.parse_args(argv)
   stages = tuple(args.stages)
-  _use_compilation_cache(ckpt_lib.load_config(args.workdir))   # before anything compiles
+  compile_clock.use_compilation_cache(ckpt_lib.load_config(args.workdir))   # before compiling
   fmt = output_lib.output_format(args.output, args.format)
   done = output_lib.paths_written(args.output, fmt) if args.output else set()
   paths = [p for p in args.audio if p not in done]
@@ -365,15 +360,6 @@ def main(argv=None) -> int:
     print(f"{failed} of {len(paths)} files could not be decoded (reasons above)",
           file=sys.stderr)
   return 1 if failed else 0
-
-
-def _use_compilation_cache(config):
-  """The run's persistent compilation cache (train.compilation_cache), as run.py uses it: a
-  second translate of the same run loads its search programs instead of compiling them."""
-  cache = config.train.get("compilation_cache", "")
-  if cache:
-    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
 def cli():

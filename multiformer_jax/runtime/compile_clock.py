@@ -10,9 +10,11 @@ share of its wall time went to compiling rather than to training (its log line a
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
+import jax
 from jax import monitoring
 
 # The phases of a first call (jax._src.dispatch's event names); XLA's phase includes reading
@@ -70,3 +72,13 @@ def by_phase() -> dict:
   with _lock:
     return {phase: _union_seconds(_intervals[event])
             for phase, event in zip(PHASES, COMPILE_EVENTS)}
+
+
+def use_compilation_cache(config):
+  """Turns on the persistent compilation cache the config names (train.compilation_cache; ""
+  = off): reruns, resumed runs and later commands on the same run load their compiled programs
+  instead of compiling them again. Call it before anything compiles."""
+  cache = config.train.get("compilation_cache", "")
+  if cache:
+    jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
