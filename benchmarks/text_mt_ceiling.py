@@ -24,6 +24,7 @@ import os
 import sys
 import time
 
+import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -110,6 +111,8 @@ def main(argv=None):
   parser.add_argument("--length", type=int, default=48, help="pieces per side (truncated)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--beam", type=int, default=None, help="default: the config's eval.beam")
+  parser.add_argument("--save_params", default=None,
+                      help="write the parameters with the lowest dev perplexity here (msgpack)")
   args = parser.parse_args(argv)
 
   config = load_config_file(args.config)
@@ -210,6 +213,9 @@ def main(argv=None):
                    for r, h in list(zip(test[3], hypotheses))[:5]],
   }
   print(json.dumps(result["test"]))
+  if args.save_params:
+    with open(args.save_params, "wb") as f:
+      f.write(flax.serialization.msgpack_serialize(jax.device_get(best[1])))
   if args.out:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:

@@ -207,8 +207,9 @@ def stage_config(lr):
   s.pairs = ""                 # comma-separated pairs this stage trains and is evaluated on;
                                # '' = every prepared pair (ASR) / every translation pair (ST).
                                # An X-X pair (mTEDx's es-es ...) is ASR data only
-  s.ctc_weight = 0.0           # ASR only: hybrid CTC/attention loss weight (ESPnet's
-                               # mtlalpha), 0 in the papers' recipes
+  s.ctc_weight = 0.0           # hybrid CTC/attention loss weight (ESPnet's mtlalpha), 0 in
+                               # the papers' recipes; ASR: CTC on the transcript; ST: on the
+                               # source transcript in the ASR vocabulary (multi-task encoder)
   s.eval_every = 1000          # updates between dev evaluations + checkpoints; -1 = once per
                                # epoch of the training data (fairseq's default)
   s.keep_last = 10             # checkpoints kept besides the best (by dev loss); at least

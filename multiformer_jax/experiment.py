@@ -5,6 +5,8 @@ them."""
 from __future__ import annotations
 
 import collections
+import json
+import os
 
 import jax
 import numpy as np
@@ -34,7 +36,7 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       specaugment_policy=d.get("specaugment_policy", ip.PipelineConfig.specaugment_policy),
       vtlp_warp=(d.get("vtlp_warp", ip.PipelineConfig.vtlp_warp) if split_kind == "train"
                  else 0.0),
-      seed=d.seed,
+      seed=d.seed, source_ctc=task == "st" and stage_ctc_weight(config, "st") > 0,
       target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 
 
@@ -110,16 +112,26 @@ def initial_params(model: S2TModel, key):
 
 
 def stage_ctc_weight(config, stage: str | None) -> float:
-  """The stage's CTC weight (ASR only: CTC needs the transcripts, which ST batches lack)."""
+  """The stage's CTC weight: ASR's CTC spells the transcript the decoder writes; ST's spells the
+  source transcript (in the ASR vocabulary) while the decoder writes the translation, the
+  multi-task encoder loss of ESPnet-ST and fairseq's speech-to-text CTC auxiliary."""
   if stage is None or stage not in config:
     return 0.0
   weight = float(config[stage].get("ctc_weight", 0.0))
   if not 0.0 <= weight < 1.0:
     raise ValueError(f"{stage}.ctc_weight={weight}; valid: 0 <= weight < 1")
-  if weight and stage != "asr":
-    raise ValueError(f"{stage}.ctc_weight={weight}: the CTC loss needs transcripts, which only "
-                     f"the ASR stage has; set it on asr.ctc_weight")
   return weight
+
+
+def source_ctc_vocab_size(config) -> int:
+  """The size of the ASR vocabulary the ST stage's source-transcript CTC spells."""
+  marker = os.path.join(config.data.prepared_dir, "prepared.json")
+  with open(marker, encoding="utf-8") as f:
+    vocabularies = json.load(f)["vocab"]
+  if "asr" not in vocabularies:
+    raise ValueError(f"st.ctc_weight is set but {marker} has no ASR vocabulary for the source "
+                     f"transcripts; set st.ctc_weight=0")
+  return int(vocabularies["asr"]["size"])
 
 
 def model_config_for(config, vocab_size: int, tasks: dict | None = None,
@@ -127,8 +139,9 @@ def model_config_for(config, vocab_size: int, tasks: dict | None = None,
   """The model config with the sizes the data decides: the vocabulary and, for a multi-task
   model, the number of tasks of each stack (`tasks`, from task_keys); with a stage whose
   ctc_weight is set, a CTC head."""
-  values = {**config.model.to_dict(), "vocab_size": vocab_size,
-            "ctc_head": stage_ctc_weight(config, stage) > 0}
+  ctc = stage_ctc_weight(config, stage) > 0
+  values = {**config.model.to_dict(), "vocab_size": vocab_size, "ctc_head": ctc,
+            "ctc_vocab_size": source_ctc_vocab_size(config) if ctc and stage == "st" else 0}
   for side, tag in stack_task_tags(values).items():
     if tag:
       if not tasks or side not in tasks:

@@ -197,3 +197,26 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
       sorted(s.source for s in segments(mixed, "tst-COMMON"))
   assert sorted(s.source for s in segments(plain, "train")) == \
       sorted(s.source for s in segments(mixed, "train"))
+
+
+def test_a_corpus_without_catalogs_in_its_text_has_no_catalog_sentences(monkeypatch, tmp_path):
+  """--text bible: the message catalogs are neither downloaded nor planned."""
+  def no_wheels(*_):
+    raise AssertionError("the catalogs were downloaded for a corpus without them")
+
+  class Planned(Exception):
+    pass
+
+  def capture(spec, source, target, wheels, extra_pairs=()):
+    raise Planned(wheels, extra_pairs)
+
+  monkeypatch.setattr(ec.po_text, "download_wheels", no_wheels)
+  monkeypatch.setattr(ec, "bible_pairs", lambda *_: [("In the beginning.", "En el principio.",
+                                                      "bible")])
+  monkeypatch.setattr(ec, "plan_direction", capture)
+  spec = ec.CorpusSpec(sources=("en",), target="es", text=("bible",),
+                       wheel_cache=str(tmp_path / "wheels"))
+  with pytest.raises(Planned) as planned:
+    ec.build(str(tmp_path / "corpus"), spec, progress=False)
+  wheels, extra = planned.value.args
+  assert wheels == {} and [p[2] for p in extra] == ["bible"]

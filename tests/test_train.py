@@ -362,13 +362,13 @@ def test_ctc_loss_is_the_sum_over_alignments():
   assert float(counted) == 1
 
 
-def test_hybrid_ctc_loss_trains_a_ctc_head_in_the_asr_stage_only():
+def test_hybrid_ctc_loss_trains_a_ctc_head_of_the_stage_that_sets_its_weight():
   from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
   config.asr.ctc_weight = 0.3
   ctc_model = train.S2TModel(train.model_config_for(config, model.config.vocab_size,
                                                     stage="asr"))
-  assert ctc_model.config.ctc_head
+  assert ctc_model.config.ctc_head and ctc_model.config.ctc_scores_output
   assert not train.model_config_for(config, model.config.vocab_size, stage="st").ctc_head
   tx, schedule = train.make_optimizer(config.train, config.asr)
   dp = DataParallel("jit")
@@ -377,9 +377,75 @@ def test_hybrid_ctc_loss_trains_a_ctc_head_in_the_asr_stage_only():
   assert "ctc_proj" in state.params
   state, metrics = step(state, dp.shard(batch), True, True)
   assert np.isfinite(float(metrics["ctc"])) and float(metrics["ctc"]) > 0
-  config.st.ctc_weight = 0.3
-  with pytest.raises(ValueError, match="st.ctc_weight=0.3: the CTC loss needs transcripts"):
+  config.st.ctc_weight = 1.0
+  with pytest.raises(ValueError, match="st.ctc_weight=1.0; valid: 0 <= weight < 1"):
     train.model_config_for(config, 40, stage="st")
+
+
+def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepared, tmp_path):
+  """st.ctc_weight: ST batches carry the source transcript's ASR pieces; the CTC head has the
+  ASR vocabulary's size, starts from the ASR stage's head, is trained on those pieces (not on
+  the translation) and never joins the translation's beam search."""
+  from data_prep import vocab
+  from multiformer_jax import experiment
+  from multiformer_jax.evaluation import inference
+  from multiformer_jax.evaluation.metrics import ctc_loss_sum
+  from multiformer_jax.training.parallel import DataParallel
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir, max_updates=2, eval_every=2)
+  config.asr.ctc_weight = config.st.ctc_weight = 0.3
+  config.eval.ctc_weight, config.eval.after_training = 0.2, True
+  with open(os.path.join(prepared_dir, "prepared.json"), encoding="utf-8") as f:
+    sizes = {task: v["size"] for task, v in json.load(f)["vocab"].items()}
+  st_cfg = experiment.model_config_for(config, sizes["st"], stage="st")
+  assert st_cfg.ctc_head and st_cfg.ctc_size == st_cfg.ctc_vocab_size == sizes["asr"]
+  assert not st_cfg.ctc_scores_output
+  assert inference.joint_ctc_weight(train.S2TModel(st_cfg), config.eval) == 0.0
+
+  # The batch: targets are the translation, ctc_targets the transcript's ASR pieces + EOS.
+  data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
+  asr_vocab = vocab.Vocabulary(os.path.join(prepared_dir, "spm_asr.model"))
+  batcher = ip.Batcher(data, train=False)
+  bucket, indices = batcher.epoch_plan(0)[0]
+  batch = batcher.assemble(bucket, indices, 0)
+  index = dict(np.load(os.path.join(prepared_dir, "index", "train.npz")))
+  for row, i in enumerate(batch["index"]):
+    if i < 0:
+      continue
+    pieces = asr_vocab.encode(str(index["source_text"][data.rows[i]])) + [vocab.EOS_ID]
+    assert list(batch["ctc_targets"][row, :len(pieces)]) == pieces
+    assert set(batch["ctc_targets"][row, len(pieces):]) <= {vocab.PAD_ID}
+  assert "ctc_targets" not in ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"),
+                                                      "train"), train=False).assemble(
+      bucket, indices, 0)
+
+  # The loss is the CTC of the transcript pieces.
+  model = train.S2TModel(st_cfg)
+  tx, schedule = train.make_optimizer(config.train, config.st)
+  dp = DataParallel("jit")
+  _, eval_step = train.make_steps(model, tx, schedule, dp, 0.1, config.train, 0.3)
+  state = train.create_state(model, tx, jax.random.PRNGKey(0))
+  sums = eval_step(state, dp.shard(batch))
+  _, sown = model.apply({"params": state.params}, batch["features"], batch["lengths"],
+                        batch["prev_tokens"], True, mutable=["ctc"])
+  logits, mask = sown["ctc"]["logits"][0]
+  expected, _ = ctc_loss_sum(logits, mask, batch["ctc_targets"], batch["weights"])
+  np.testing.assert_allclose(float(sums["ctc"]), float(expected), rtol=1e-5)
+
+  # Both stages train and evaluate; the ST head starts as the ASR stage's.
+  workdir = str(tmp_path)
+  results = train.train_and_evaluate(config, workdir)
+  assert "bleu" in results["st"]["eval"]
+  with open(os.path.join(workdir, "st", "log.jsonl"), encoding="utf-8") as f:
+    assert any("ctc" in json.loads(line) for line in f)
+  asr_params = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
+  asr_params = asr_params.params(asr_params.latest())
+  fresh = train.init_params(model, jax.random.PRNGKey(1))
+  carried = train.carry_from_asr(fresh, asr_params, train.logging.getLogger("test"))
+  np.testing.assert_array_equal(carried["ctc_proj"]["kernel"], asr_params["ctc_proj"]["kernel"])
+  no_head = {k: v for k, v in asr_params.items() if k != "ctc_proj"}
+  carried = train.carry_from_asr(fresh, no_head, train.logging.getLogger("test"))
+  np.testing.assert_array_equal(carried["ctc_proj"]["kernel"], fresh["ctc_proj"]["kernel"])
 
 
 def test_early_stopping_ends_a_stage_after_patience_evaluations(prepared, tmp_path):

@@ -35,7 +35,7 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   if not 0.0 <= ctc_weight <= 1.0:
     raise ValueError(f"eval.ctc_weight={ctc_weight}: valid values are in [0, 1] (0 = attention "
                      "alone, ESPnet decodes ASR with 0.3)")
-  joint_ctc = ctc_weight > 0 and cfg.ctc_head
+  joint_ctc = ctc_weight > 0 and cfg.ctc_scores_output
   limit = cfg.max_target_positions - 1
   noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
                                                   cfg.decoder_candidates)
@@ -88,9 +88,10 @@ def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
 
 
 def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None) -> float:
-  """The CTC weight a search with these settings uses: 0 for a model without a CTC head."""
+  """The CTC weight a search with these settings uses: 0 for a model without a CTC head over
+  its output vocabulary."""
   weight = eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight
-  return weight if model.config.ctc_head else 0.0
+  return weight if model.config.ctc_scores_output else 0.0
 
 
 def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, seed: int = 0,

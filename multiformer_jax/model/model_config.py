@@ -78,6 +78,9 @@ class ModelConfig:
   adapter_dim: int = 0             # per-task adapter bottleneck after every layer (0 = none)
   ctc_head: bool = False           # a linear CTC projection of the encoder output (hybrid
                                    # CTC/attention training; the stage's ctc_weight weights it)
+  ctc_vocab_size: int = 0          # 0: the CTC head spells the decoder's vocabulary; > 0: the
+                                   # size of another one (ST's CTC on the source transcript in
+                                   # the ASR vocabulary)
   bos_id: int = 0
   pad_id: int = 1
   eos_id: int = 2
@@ -179,6 +182,17 @@ class ModelConfig:
             f"model.encoder_heads={self.encoder_heads} are used)") from None
     return layout_lib.parse_layout(self.encoder_layout, self.encoder_layers, self.encoder_heads,
                                    self.d_model)
+
+  @property
+  def ctc_size(self) -> int:
+    """The CTC head's output size."""
+    return self.ctc_vocab_size or self.vocab_size
+
+  @property
+  def ctc_scores_output(self) -> bool:
+    """Whether the CTC head spells the decoder's own vocabulary, so that its prefix scores can
+    join the beam search (an ST model's source-transcript CTC cannot)."""
+    return self.ctc_head and not self.ctc_vocab_size
 
   @property
   def compute_dtype(self):

@@ -31,7 +31,7 @@ class S2TModel(nn.Module):
     self.encoder = Encoder(self.config, name="encoder")
     self.decoder = Decoder(self.config, name="decoder")
     if self.config.ctc_head:
-      self.ctc_proj = nn.Dense(self.config.vocab_size, name="ctc_proj")
+      self.ctc_proj = nn.Dense(self.config.ctc_size, name="ctc_proj")
 
   def encode(self, features, lengths, deterministic: bool = True, tasks=None, temperature=None):
     return self.encoder(features, lengths, deterministic, tasks, temperature)

@@ -248,7 +248,8 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
 
   With ctc_weight > 0 (a model with a CTC head) the loss is ESPnet's hybrid CTC/attention one,
   (1 - w) * label-smoothed CE + w * CTC, both summed over the batch and divided, like the CE,
-  by the target tokens of the update.
+  by the target tokens of the update. The CTC spells the batch's `ctc_targets` where it has
+  them (an ST stage's source transcripts), else its targets.
   """
   cfg = model.config
   if ctc_weight and not cfg.ctc_head:
@@ -268,7 +269,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     aux = {"nll": nll, "tokens": tokens}
     if ctc_weight:
       ctc_logits, ctc_mask = sown["ctc"]["logits"][0]
-      ctc, _ = ctc_loss_sum(ctc_logits, ctc_mask, targets, batch["weights"], cfg.bos_id,
+      # ASR: the transcript the decoder writes; ST: the source transcript (ctc_targets).
+      ctc_targets = batch.get("ctc_targets", targets)
+      ctc, _ = ctc_loss_sum(ctc_logits, ctc_mask, ctc_targets, batch["weights"], cfg.bos_id,
                             cfg.pad_id, cfg.eos_id)
       loss = (1.0 - ctc_weight) * loss + ctc_weight * ctc
       aux["ctc"] = ctc
@@ -332,8 +335,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
 
 def carried_from_asr(name: str, decoder_layers: bool) -> bool:
   """Whether ST init takes tensor `name` from the ASR checkpoint: the encoder; with
-  `decoder_layers` also the decoder's layers and final norm (its embeddings, output projection
-  and CTC head belong to the ASR vocabulary)."""
+  `decoder_layers` also the decoder's layers and final norm (its embeddings and output
+  projection belong to the ASR vocabulary). The CTC head is carried by carry_from_asr when
+  both have one of the same size (an ST stage with CTC on the source transcript)."""
   if name.startswith("encoder/"):
     return True
   return decoder_layers and (name.startswith("decoder/layers_") or
@@ -343,9 +347,12 @@ def carried_from_asr(name: str, decoder_layers: bool) -> bool:
 def carry_from_asr(params, asr_params, log: logging.Logger, decoder_layers: bool = False):
   """ST init: the encoder from the ASR checkpoint (and with `decoder_layers` the decoder's
   layers), the rest fresh. Shapes must fit."""
-  carried = lambda name: carried_from_asr(name, decoder_layers)
-  flat, restored, mismatched = copy_tensors(params, asr_params, carried, ("ASR", "ST"))
   flat_asr = _flat(asr_params)
+  shapes = {name: np.shape(value) for name, value in _flat(params).items()}
+  carried = lambda name: carried_from_asr(name, decoder_layers) or (
+      name.startswith("ctc_proj/") and name in flat_asr and
+      np.shape(flat_asr[name]) == shapes.get(name))
+  flat, restored, mismatched = copy_tensors(params, asr_params, carried, ("ASR", "ST"))
   missing = [n for n in flat if carried(n) and n not in flat_asr]
   if mismatched or missing:
     raise ValueError("the ASR checkpoint does not fit the ST model config:\n  " +
