@@ -22,6 +22,9 @@ Steps (fairseq's MuST-C recipe, REFERENCE §2):
    without reading the features again.
 `prepared.json` is written last: its presence means the preparation is complete. The records
 and their order depend only on the corpus, not on the number of workers.
+
+`--corpus fairseq --root MUSTC_ROOT/en-de` reads what fairseq's prep script wrote in place
+(data_prep.fairseq_data): only the index and prepared.json are written.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import signal
 
 import numpy as np
 
-from data_prep import cli_errors, corpora, features, tfds_dataset, vocab
+from data_prep import cli_errors, corpora, fairseq_data, features, tfds_dataset, vocab
 from data_prep.audio import AudioError, cut_segment, load_audio
 from data_prep.progress import progress_bar
 
@@ -268,6 +271,8 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
     return _read_json(done_marker)
+  if corpus == "fairseq":     # fairseq's prepared root, read in place: an index only
+    return fairseq_data.write_index(root, out, splits, [p for p in pairs if p] or None)
   workers = workers or os.cpu_count() or 1
   splits = splits or [s for s in corpora.SPLITS[corpus.split(",")[0]] if s != "tst-HE"]
   # Read every split's segment list first: layout errors surface before any work is done.
@@ -366,10 +371,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--corpus", default="mustc",
                       help=f"{', '.join(sorted(corpora.READERS))}; several comma-separated "
-                           f"(multi-domain), with one --root each")
+                           f"(multi-domain), with one --root each; or fairseq: the directory "
+                           f"fairseq's prep script wrote (fbank80.zip, *_st.tsv, config_st.yaml"
+                           f"), indexed in place")
   parser.add_argument("--root", required=True, help="the corpus download directory (several: "
                                                     "comma-separated, as --corpus)")
-  parser.add_argument("--pairs", default="en-de", help="comma-separated, e.g. en-de,en-es")
+  parser.add_argument("--pairs", default="", help="comma-separated, e.g. en-de,en-es "
+                      "(default: en-de; for a fairseq root, its directory's name)")
   parser.add_argument("--eval-only-pairs", default="",
                       help="comma-separated pairs without training data, prepared for the "
                            "other splits only (zero-shot directions, e.g. mTEDx's it-en)")
@@ -385,7 +393,8 @@ def main(argv=None):
                       help="training utterances at each of these speeds, e.g. 0.9,1.0,1.1 "
                            "(Kaldi's speed perturbation); default: as recorded")
   args = parser.parse_args(argv)
-  summary = prepare(args.corpus, args.root, args.pairs.split(","), args.out,
+  pairs = args.pairs or ("" if args.corpus == "fairseq" else "en-de")
+  summary = prepare(args.corpus, args.root, pairs.split(","), args.out,
                     [s for s in args.splits.split(",") if s] or None, args.asr_vocab,
                     args.st_vocab, args.workers, shard_frames=args.shard_frames,
                     eval_only_pairs=[p for p in args.eval_only_pairs.split(",") if p],

@@ -69,3 +69,54 @@ class Vocabulary:
     ids = [int(i) for i in ids if int(i) not in (BOS_ID, PAD_ID, EOS_ID)
            and int(i) not in self.lang_tag_ids]
     return self.sp.decode(ids)
+
+
+class DictionaryVocabulary(Vocabulary):
+  """A SentencePiece model read through a fairseq dictionary (.txt, one "piece count" line
+  each): ids are <s> <pad> </s> <unk> and then the lines in order, as fairseq's Dictionary
+  numbers them, whatever the SentencePiece model's own ids. A piece the dictionary lacks is
+  <unk>."""
+
+  def __init__(self, model_path: str, dictionary_path: str):
+    super().__init__(model_path)
+    self.dictionary_path = dictionary_path
+    symbols = ["<s>", "<pad>", "</s>", "<unk>"]
+    with open(dictionary_path, encoding="utf-8") as f:
+      for number, line in enumerate(f, 1):
+        line = line.rstrip("\n")
+        if not line.strip():
+          continue
+        symbol = line.rsplit(" ", 1)[0] if " " in line else line
+        if not symbol:
+          raise ValueError(f"{dictionary_path}:{number}: {line!r} is not 'symbol count'")
+        symbols.append(symbol)
+    self.symbols = symbols
+    self.ids = {symbol: i for i, symbol in enumerate(symbols)}
+    prefix, suffix = LANG_TAG.split("{}")
+    self.lang_tag_ids = frozenset(i for i, s in enumerate(symbols)
+                                  if s.startswith(prefix) and s.endswith(suffix))
+
+  @property
+  def size(self) -> int:
+    return len(self.symbols)
+
+  def encode(self, text: str) -> list[int]:
+    return [self.ids.get(piece, UNK_ID) for piece in self.sp.encode(text, out_type=str)]
+
+  def symbol_id(self, symbol: str) -> int | None:
+    return self.ids.get(symbol)
+
+  def decode(self, ids) -> str:
+    pieces = [self.symbols[int(i)] for i in ids
+              if int(i) not in (BOS_ID, PAD_ID, EOS_ID) and int(i) not in self.lang_tag_ids
+              and 0 <= int(i) < len(self.symbols)]
+    return self.sp.decode_pieces(pieces)
+
+
+def load(prepared_dir: str, entry: dict) -> Vocabulary:
+  """The vocabulary a prepared dataset's summary names (`prepared.json`'s vocab[task]): this
+  project's SentencePiece model, or a fairseq model with its dictionary."""
+  model = os.path.join(prepared_dir, entry["model"])
+  if entry.get("dictionary"):
+    return DictionaryVocabulary(model, os.path.join(prepared_dir, entry["dictionary"]))
+  return Vocabulary(model)

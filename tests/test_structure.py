@@ -17,7 +17,7 @@ ALLOWED = {
     "analysis": {"model", "data", "runtime", "experiment"},
     "training": {"evaluation", "model", "data", "runtime", "experiment"},
 }
-COMMANDS = {"evaluate", "translate", "analyze", "ablate", "__init__"}
+COMMANDS = {"evaluate", "translate", "analyze", "ablate", "import_fairseq", "__init__"}
 
 
 def package_imports(path: str) -> set[str]:

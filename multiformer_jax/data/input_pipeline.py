@@ -16,9 +16,11 @@ ahead by background worker processes (`TrainIterator(workers=...)`), the same ba
 same order.
 
 Batch (numpy):
-  features [B, T, 80] float32     lengths [B] int32          weights [B] float32 (0 = padding)
+  features [B, T, F] float32 (F: 80 fbank bins, or a fairseq root's feature size)
+  lengths [B] int32          weights [B] float32 (0 = padding)
   prev_tokens [B, U] int32 (EOS + tokens)   targets [B, U] int32 (tokens + EOS, pad = 1)
   index [B] int32 (row of the split, -1 for padding)
+  ctc_targets [B, S] int32 (ST with `source_ctc`: the source transcript's ASR pieces + EOS)
   encoder_task, decoder_task [B] int32 (multi-task models, the Batcher's `tasks`: ids into the
   task names of each stack; -1 = a value the model has no task for)
 
@@ -46,7 +48,7 @@ from typing import Iterator
 import numpy as np
 
 from data_prep import features as features_lib
-from data_prep import tfds_dataset, vocab
+from data_prep import fairseq_data, tfds_dataset, vocab
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
@@ -68,6 +70,8 @@ class PipelineConfig:
   vtlp_warp: float = 0.0           # training split only: data_prep.features.VTLP; 0 = off
   seed: int = 0
   target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
+  source_ctc: bool = False         # st: batches also carry the source transcript in the ASR
+                                   # vocabulary (ctc_targets), for the source CTC loss
   pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the task uses them)
 
   def __post_init__(self):
@@ -136,8 +140,12 @@ class SplitData:
     index = {name: column[self.rows] for name, column in index.items()}
     self.n_frames = index["n_frames"].astype(np.int64)
     self.ids = index["id"]
-    self.vocab = vocab.Vocabulary(os.path.join(prepared, self.summary["vocab"][config.task]
-                                               ["model"]))
+    if config.task not in self.summary["vocab"]:
+      raise ValueError(f"{prepared} has no {config.task.upper()} vocabulary (its data has "
+                       f"{sorted(self.summary['vocab'])} only): train.stages cannot include "
+                       f"{config.task}")
+    self.vocab = vocab.load(prepared, self.summary["vocab"][config.task])
+    check_transforms(self.summary, config)
     texts = index["source_text" if config.task == "asr" else "target_text"]
     self.prefix = self._lang_tag_ids(index["target_lang"]) if (
         config.target_lang_tag and config.task == "st") else None
@@ -147,9 +155,21 @@ class SplitData:
       self.tokens = [np.concatenate([[p], t]).astype(np.int32)
                      for p, t in zip(self.prefix, self.tokens)]
     self.references = [str(t) for t in texts]
+    # The source transcript's ASR pieces (+ EOS in the batch) for ST's source-transcript CTC.
+    self.source_tokens = None
+    if config.source_ctc and config.task == "st":
+      asr_vocab = vocab.load(prepared, self.summary["vocab"]["asr"])
+      self.source_tokens = [np.array(asr_vocab.encode(str(t))[:config.max_target_tokens],
+                                     np.int32) for t in index["source_text"]]
     self.tag_values = {name: pairs[self.rows] if name == "pair" else index[name]
                        for name in TAG_NAMES}
     self.source = None  # opened lazily: data sources do not pickle
+    self.zip_features = None
+    self.feature_dim = int(self.summary.get("feature_dim", features_lib.NUM_MEL_BINS))
+    if self.summary.get("features") == "fairseq_zip":   # data_prep.fairseq_data's index
+      self.zip_features = fairseq_data.ZipFeatures(
+          self.summary["zips"], index["audio_file"], index["audio_offset"],
+          index["audio_length"], self.feature_dim)
     self.gcmvn = read_gcmvn(prepared, self.summary) if config.cmvn == "global" else None
 
   def subset(self, keep: np.ndarray) -> "SplitData":
@@ -158,10 +178,16 @@ class SplitData:
     part.rows = self.rows[keep]
     part.n_frames, part.ids = self.n_frames[keep], self.ids[keep]
     part.tokens = [t for t, k in zip(self.tokens, keep) if k]
+    if self.source_tokens is not None:
+      part.source_tokens = [t for t, k in zip(self.source_tokens, keep) if k]
     part.references = [r for r, k in zip(self.references, keep) if k]
     part.prefix = None if self.prefix is None else self.prefix[keep]
     part.tag_values = {name: values[keep] for name, values in self.tag_values.items()}
     part.source = None
+    if self.zip_features is not None:
+      z = self.zip_features
+      part.zip_features = fairseq_data.ZipFeatures(z.zips, z.file_ids[keep], z.offsets[keep],
+                                                   z.lengths[keep], z.feature_dim)
     return part
 
   def _lang_tag_ids(self, target_langs) -> np.ndarray:
@@ -184,6 +210,8 @@ class SplitData:
     return {**self.__dict__, "source": None}
 
   def fbank(self, i: int) -> np.ndarray:
+    if self.zip_features is not None:
+      return self.zip_features.read(i, str(self.ids[i]))
     if self.source is None:
       self.source = tfds_dataset.open_split(os.path.join(self.config.prepared_dir, "tfds"),
                                             self.split)
@@ -204,6 +232,28 @@ def used_pairs(present: list[str], config: PipelineConfig, split: str) -> list[s
     translation = [p for p in present if p.split("-")[0] != p.split("-")[1]]
     return translation or list(present)
   return list(present)
+
+
+def check_transforms(summary: dict, config: PipelineConfig):
+  """A fairseq data root's yaml says how its features are normalised and augmented (the
+  model was trained so): a config that disagrees is refused with the setting that agrees."""
+  expected = summary.get("transforms", {}).get(config.task)
+  if not expected:
+    return
+  yaml = f"config_{config.task}.yaml of {summary.get('root')}"
+  if config.cmvn != expected["cmvn"]:
+    raise ValueError(f"data.cmvn={config.cmvn!r} but the {yaml} normalises with "
+                     f"{expected['cmvn']!r}: set --config.data.cmvn={expected['cmvn']}")
+  if not config.specaugment:
+    return
+  if not expected["specaugment"]:
+    raise ValueError(f"data.specaugment is on but the {yaml} has no specaugment transform: "
+                     f"set --config.data.specaugment=False")
+  if (features_lib.SpecAugment.from_policy(config.specaugment_policy) !=
+      features_lib.SpecAugment.from_policy(expected["specaugment"])):
+    raise ValueError(f"data.specaugment_policy={config.specaugment_policy!r} differs from the "
+                     f"{yaml}'s specaugment: set --config.data.specaugment_policy="
+                     f"{expected['specaugment']}")
 
 
 def read_gcmvn(prepared_dir: str, summary: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -254,6 +304,7 @@ class Bucket:
   frames: int       # padded source length
   tokens: int       # padded target length (incl. EOS)
   batch_size: int   # global batch size
+  source_tokens: int = 0   # padded source-transcript length of ctc_targets (0 = none)
 
 
 class Batcher:
@@ -285,12 +336,17 @@ class Batcher:
                        f"{self.edges[-1] * multiple}")
     self.bucket_of = np.where(usable, np.searchsorted(self.edges, data.n_frames), -1)  # [N]
     token_lens = np.array([len(t) + 1 for t in data.tokens])             # + EOS
+    source_lens = None if data.source_tokens is None else np.array(
+        [len(t) + 1 for t in data.source_tokens])
+    padded = lambda lens: int(math.ceil(max(lens.max() if lens.size else 1, 1) / 8) * 8)
     self.buckets = []
     for b, frames in enumerate(self.edges):
-      members = token_lens[self.bucket_of == b]
-      tokens = int(math.ceil(max(members.max() if members.size else 1, 1) / 8) * 8)
+      # Evaluation: the token lengths of this bucket and the shorter ones, so that a longer
+      # bucket holds any mix of utterances up to it (the analyses batch chosen utterances so).
+      members = (self.bucket_of == b) if train else (self.bucket_of <= b) & (self.bucket_of >= 0)
       size = max(multiple, (cfg.max_frames // int(frames)) // multiple * multiple)
-      self.buckets.append(Bucket(int(frames), tokens, size))
+      self.buckets.append(Bucket(int(frames), padded(token_lens[members]), size,
+                                 0 if source_lens is None else padded(source_lens[members])))
     self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
     self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)
                          if (train and cfg.specaugment) else None)
@@ -326,13 +382,15 @@ class Batcher:
     cfg, data = self.data.config, self.data
     n = len(local)
     batch = {
-        "features": np.zeros((n, bucket.frames, features_lib.NUM_MEL_BINS), np.float32),
+        "features": np.zeros((n, bucket.frames, data.feature_dim), np.float32),
         "lengths": np.ones(n, np.int32),
         "prev_tokens": np.full((n, bucket.tokens), vocab.PAD_ID, np.int32),
         "targets": np.full((n, bucket.tokens), vocab.PAD_ID, np.int32),
         "weights": np.zeros(n, np.float32),
         "index": np.full(n, -1, np.int32),
     }
+    if bucket.source_tokens:
+      batch["ctc_targets"] = np.full((n, bucket.source_tokens), vocab.PAD_ID, np.int32)
     for name in self.task_ids:
       batch[name] = np.zeros(n, np.int32)
     for row, i in enumerate(local):
@@ -353,6 +411,10 @@ class Batcher:
       batch["targets"][row, len(tokens)] = vocab.EOS_ID
       if data.prefix is not None:          # the language tag is given, not predicted
         batch["targets"][row, 0] = vocab.PAD_ID
+      if bucket.source_tokens:
+        source = data.source_tokens[i]
+        batch["ctc_targets"][row, :len(source)] = source
+        batch["ctc_targets"][row, len(source)] = vocab.EOS_ID
       batch["weights"][row] = 1.0
       batch["index"][row] = i
       for name, ids in self.task_ids.items():

@@ -115,10 +115,12 @@ class StageTranslator:
     e, d = config.eval, config.data
     self.stage, self.config = stage, config
     summary = _prepared_summary(d.prepared_dir)
-    self.vocab = vocab_lib.Vocabulary(os.path.join(d.prepared_dir,
-                                                   summary["vocab"][stage]["model"]))
+    self.vocab = vocab_lib.load(d.prepared_dir, summary["vocab"][stage])
     keys = task_keys(config, stage)
     self.model = S2TModel(model_config_for(config, self.vocab.size, keys, stage))
+    if self.model.config.input_dim != features_lib.NUM_MEL_BINS:
+      raise ValueError(f"this model reads {self.model.config.input_dim} features a frame; "
+                       f"translate computes {features_lib.NUM_MEL_BINS}-bin fbank from audio")
     self.tasks = None
     if keys:
       self.tasks = {side: stack_task_id(key, stage, task, target_lang)

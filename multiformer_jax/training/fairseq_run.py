@@ -1,0 +1,186 @@
+"""A fairseq S2T checkpoint becomes a run: `evaluate`, `analyze` and `translate` read it like a
+run of run.py, and run.py fine-tunes from it (`--config.st.init_from=OUT`).
+
+    python -m multiformer_jax.import_fairseq --checkpoint checkpoint_best.pt \
+        --data MUSTC_ROOT/en-de --config-yaml config_st.yaml --stage st --out runs/fairseq_st
+
+Writes OUT/config.json (the model as fairseq's arguments define it, the data as the yaml
+says), OUT/{stage}/checkpoints (orbax, one step: the checkpoint's update count) with DONE.json,
+and the data root's index (OUT/prepared unless --prepared_dir; data_prep.fairseq_data: the
+features stay in fbank80.zip, the vocabulary is fairseq's SentencePiece model and dictionary).
+A `.pt` needs torch (and omegaconf for fairseq >= 0.10); a `.npz` of the state dict (`sd/NAME`
+arrays and `args` as JSON, the form of tests/fixtures/make_fairseq_fixture.py) does not.
+Nothing is written unless the checkpoint, the data and their vocabulary fit together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from configs import default
+from data_prep import cli_errors, fairseq_data, vocab
+from multiformer_jax.model import S2TModel
+from multiformer_jax.model.fairseq_import import (FairseqImportError, convert_state_dict,
+                                                  load_fairseq_checkpoint,
+                                                  model_config_from_fairseq)
+from multiformer_jax.model.model_config import ModelConfig
+from multiformer_jax.experiment import model_config_for
+from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.training import train
+
+# fairseq's own MuST-C evaluation (examples/speech_to_text/docs/mustc_example.md): beam 5.
+FAIRSEQ_BEAM = 5
+SIZED_BY_DATA = ("vocab_size", "ctc_head", "ctc_vocab_size", "encoder_num_tasks",
+                 "decoder_num_tasks")
+
+
+def load_checkpoint(path: str) -> tuple[ModelConfig, dict, int]:
+  """-> (model config, params, the checkpoint's update count or 0)."""
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"fairseq checkpoint {path} not found")
+  if path.endswith(".npz"):
+    arrays = np.load(path)
+    if "args" not in arrays.files:
+      raise FairseqImportError(f"{path}: a .npz checkpoint holds sd/NAME arrays and 'args' "
+                               f"(JSON); it has no 'args'")
+    args = json.loads(str(arrays["args"]))
+    state = {k[3:]: arrays[k] for k in arrays.files if k.startswith("sd/")}
+    config = model_config_from_fairseq(args, state)
+    return config, convert_state_dict(state, config), int(args.get("num_updates", 0) or 0)
+  config, params = load_fairseq_checkpoint(path)
+  return config, params, 0
+
+
+def _splits(available: list[str]) -> tuple[str, str, str]:
+  """(train, dev, test) split names of the root: MuST-C's where present."""
+  pick = lambda names, default: next((n for n in names if n in available), default)
+  train = pick(("train",), available[0])
+  dev = pick(("dev", "valid"), available[min(1, len(available) - 1)])
+  test = pick(("tst-COMMON", "test"), available[-1])
+  return train, dev, test
+
+
+def run_config(model: ModelConfig, summary: dict, prepared_dir: str, stage: str,
+               yaml: dict, name: str):
+  """The config of the imported run: fairseq's model, the data as its yaml says."""
+  config = default.get_config()
+  config.name = name
+  m = config.model
+  for key, value in model.to_dict().items():
+    if key in SIZED_BY_DATA:
+      continue
+    m[key] = list(value) if isinstance(value, tuple) else value
+  d = config.data
+  d.corpus, d.root, d.prepared_dir = "fairseq", summary["root"], prepared_dir
+  d.pairs = ",".join(summary["pairs"])
+  d.train_split, d.dev_split, d.test_split = _splits(list(summary["splits"]))
+  transforms = summary["transforms"][stage]
+  d.cmvn = transforms["cmvn"]
+  d.specaugment = bool(transforms["specaugment"])
+  if transforms["specaugment"]:
+    d.specaugment_policy = transforms["specaugment"]
+  d.target_lang_tag = bool(yaml.get("prepend_tgt_lang_tag", False)) and stage == "st"
+  config.train.stages = (stage,)
+  config.eval.beam = FAIRSEQ_BEAM
+  config.eval.checkpoint = "latest"
+  return config
+
+
+def import_run(checkpoint: str, data: str, stage: str, out: str,
+               config_yaml: str | None = None, prepared_dir: str | None = None) -> dict:
+  """Writes the run; returns {"config", "step", "prepared_dir", "vocab_size"}."""
+  if stage not in ("asr", "st"):
+    raise ValueError(f"--stage {stage!r}; valid: asr, st")
+  if os.path.exists(os.path.join(out, stage, "checkpoints")):
+    raise FileExistsError(f"{out} already holds a {stage} stage: choose another --out")
+  model, params, updates = load_checkpoint(checkpoint)
+  prepared_dir = os.path.abspath(prepared_dir or os.path.join(out, "prepared"))
+  yaml_path = os.path.join(data, config_yaml or f"config_{stage}.yaml")
+  made = [path for path in (out, prepared_dir) if not os.path.exists(path)]
+  try:
+    summary = fairseq_data.write_index(data, prepared_dir, yaml_paths={stage: yaml_path})
+    return _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_path,
+                      stage, out)
+  except Exception:
+    for path in made:        # nothing half-written: what this import created goes
+      shutil.rmtree(path, ignore_errors=True)
+    raise
+
+
+def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_path, stage,
+               out) -> dict:
+  if stage not in summary["vocab"]:
+    raise fairseq_data.FairseqDataError(f"{summary['root']}: no {yaml_path} for the {stage} "
+                                        f"stage")
+  dictionary = vocab.load(prepared_dir, summary["vocab"][stage])
+  if dictionary.size != model.vocab_size:
+    raise FairseqImportError(
+        f"the dictionary {summary['vocab'][stage]['dictionary']} numbers {dictionary.size} "
+        f"symbols (4 specials + its lines) but the checkpoint's output layer has "
+        f"{model.vocab_size}: pass the yaml of the data the model was trained on")
+  feature_dim = summary.get("feature_dim", 80)
+  if feature_dim != model.input_dim:
+    raise FairseqImportError(f"the data's features have {feature_dim} values a frame, the "
+                             f"checkpoint's model reads {model.input_dim}")
+  import yaml as yaml_lib  # pylint: disable=import-outside-toplevel
+  with open(yaml_path, encoding="utf-8") as f:
+    yaml = yaml_lib.safe_load(f) or {}
+  name = f"fairseq_{os.path.splitext(os.path.basename(checkpoint))[0]}"
+  config = run_config(model, summary, prepared_dir, stage, yaml, name)
+
+  rebuilt = model_config_for(config, dictionary.size, None, stage)
+  if rebuilt != model:
+    differ = {k: (v, getattr(rebuilt, k)) for k, v in model.to_dict().items()
+              if getattr(rebuilt, k) != v}
+    raise FairseqImportError(f"the run's config does not rebuild the checkpoint's model: "
+                             f"{differ}")
+  s2t = S2TModel(model)
+  tx, _ = train.make_optimizer(config.train, config[stage])
+  state = train.create_state(s2t, tx, jax.random.PRNGKey(0))
+  fresh = jax.tree_util.tree_structure(state.params)
+  imported = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
+  if jax.tree_util.tree_structure(imported) != fresh:
+    raise FairseqImportError("the converted parameters do not have the model's structure")
+  state = state.replace(params=imported)
+  step = max(int(updates), 1)
+  os.makedirs(out, exist_ok=True)
+  ckpt_lib.save_config(out, config)
+  checkpoints = ckpt_lib.StageCheckpoints(os.path.join(out, stage, "checkpoints"))
+  checkpoints.save(step, state, {"stage": stage, "step": step, "dev_loss": None,
+                                 "model": model.to_dict(),
+                                 "imported_from": os.path.abspath(checkpoint)})
+  done = {"stage": stage, "updates": step, "imported_from": os.path.abspath(checkpoint),
+          "best_step": step, "early_stopped": False}
+  with open(os.path.join(out, stage, train.DONE), "w", encoding="utf-8") as f:
+    json.dump(done, f, indent=1)
+  return {"config": config, "step": step, "prepared_dir": prepared_dir,
+          "vocab_size": dictionary.size}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--checkpoint", required=True, help="fairseq .pt (or .npz state dict)")
+  parser.add_argument("--data", required=True,
+                      help="the fairseq data root (fbank80.zip, {split}_{stage}.tsv, yaml)")
+  parser.add_argument("--config-yaml", default=None,
+                      help="the data root's yaml of the checkpoint (default: config_STAGE.yaml)")
+  parser.add_argument("--stage", default="st", choices=("asr", "st"))
+  parser.add_argument("--out", required=True, help="the run directory to write")
+  parser.add_argument("--prepared_dir", default=None,
+                      help="where the root's index goes (default: OUT/prepared)")
+  args = parser.parse_args(argv)
+  result = import_run(args.checkpoint, args.data, args.stage, args.out, args.config_yaml,
+                      args.prepared_dir)
+  print(f"{args.out}: the {args.stage} stage of {args.checkpoint} (step {result['step']}, "
+        f"{result['vocab_size']} symbols); evaluate with\n  python -m multiformer_jax.evaluate "
+        f"--workdir {args.out} --stage {args.stage}")
+
+
+cli = cli_errors.command_line_entry(main)
