@@ -382,6 +382,39 @@ model that barely translates (its sentence-level BLEU is the evaluation's).
        f"{difference:+.2f}", _verdict(abs(difference) <= 2.0)]]
 
 
+def index_scale_section(directory):
+  """benchmarks/index_scale.py: a 250k-segment index in fairseq's form and prepare's."""
+  meta, rows = _load(directory, os.path.join("cpu", "index_scale.jsonl"))
+  if not rows:
+    return "", []
+  segments = rows[-1]["segments"]
+  rows = [r for r in rows if r["segments"] == segments]
+  by = {r["measure"]: r for r in rows}
+  what = {"fairseq_index": "fairseq root -> index (data_prep.fairseq_data.write_index)",
+          "fairseq_st": "ST training split loaded + batch plan, fairseq root",
+          "fairseq_asr": "ASR training split loaded + batch plan, fairseq root",
+          "prepare_st": "ST training split loaded + batch plan, prepare's index"}
+  table = _table(["process", "peak resident memory (MiB)", "wall (s)"],
+                 [[what[m], by[m]["peak_rss_mib"], by[m]["seconds"]] for m in what if m in by])
+  loads = [m for m in ("fairseq_st", "fairseq_asr", "prepare_st") if m in by]
+  together = sum(by[m]["peak_rss_mib"] for m in by)
+  slowest = max(by[m]["seconds"] for m in loads)
+  text = f"""## Index at MuST-C's size
+
+Machine: {_machine(meta)}. Command: `{_cmd(meta.get("command", ""))}`. A synthetic fairseq
+root of {segments:,} training segments (MuST-C En-De has 229k; transcripts of MuST-C-like
+lengths) whose rows point at a few hundred short entries of one fbank80.zip: the index is what
+grows with the corpus. Each process is measured alone (peak resident memory, VmHWM).
+
+{table}
+"""
+  return text, [
+      [f"every index process together at {segments:,} segments: <= 1.5 GiB",
+       f"{together / 1024:.2f} GiB", _verdict(together <= 1.5 * 1024)],
+      [f"a split's load at {segments:,} segments: <= 30 s on 2 cores", f"{slowest:.1f} s",
+       _verdict(slowest <= 30)]]
+
+
 def train_section(directory):
   meta, rows = _load(directory, "train_step.jsonl")
   if not rows:
@@ -537,7 +570,7 @@ def main(argv=None):
   for text, rows in (attention_section(args.dir, args.dir), blockwise_section(args.dir),
                      train_section(args.dir), compile_share_section(args.dir),
                      decode_section(args.dir), translate_section(args.dir),
-                     page_fault_section(args.dir)):
+                     index_scale_section(args.dir), page_fault_section(args.dir)):
     if text:
       sections.append(text)
       targets += rows

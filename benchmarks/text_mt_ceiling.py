@@ -34,6 +34,7 @@ import optax
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import machine  # noqa: E402
+from data_prep import index_io  # noqa: E402
 from data_prep.cli_errors import load_config_file  # noqa: E402
 from data_prep.vocab import EOS_ID as EOS, PAD_ID as PAD, Vocabulary  # noqa: E402
 from multiformer_jax.evaluation.decode import beam_search  # noqa: E402
@@ -81,7 +82,7 @@ class TextToText(nn.Module):
 def load_split(prepared_dir, split, source_vocab, target_vocab, length):
   """-> (source [n, length], decoder input [n, length], target [n, length], references,
   truncated count); source ends with EOS, target = tokens + EOS, both padded."""
-  index = np.load(os.path.join(prepared_dir, "index", f"{split}.npz"), allow_pickle=True)
+  index = index_io.load(os.path.join(prepared_dir, "index", f"{split}.npz"))
   references = [str(t) for t in index["target_text"]]
   n = len(references)
   source, prev, target = (np.full((n, length), PAD, np.int32) for _ in range(3))

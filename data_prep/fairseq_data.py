@@ -33,7 +33,7 @@ import re
 import numpy as np
 
 from data_prep import features as features_lib
-from data_prep import vocab
+from data_prep import index_io, vocab
 
 TSV_COLUMNS = ("id", "audio", "n_frames", "tgt_text")   # fairseq's required manifest columns
 TASKS = ("asr", "st")
@@ -47,20 +47,24 @@ class FairseqDataError(ValueError):
   """A fairseq data root that cannot be read: names the file, the value and what was expected."""
 
 
-def read_tsv(path: str) -> tuple[list[str], list[dict]]:
-  """fairseq's manifest reading (speech_to_text_dataset's csv.DictReader: tab-separated, no
-  quoting) -> (columns, rows)."""
+def tsv_columns(path: str) -> list[str]:
+  """A manifest's header; refused without fairseq's required columns."""
   with open(path, encoding="utf-8", newline="") as f:
-    reader = csv.DictReader(f, delimiter="\t", quotechar=None, doublequote=False,
-                            lineterminator="\n", quoting=csv.QUOTE_NONE)
-    rows = list(reader)
-    columns = list(reader.fieldnames or [])
+    columns = f.readline().rstrip("\r\n").split("\t")
   missing = [c for c in TSV_COLUMNS if c not in columns]
   if missing:
     raise FairseqDataError(f"{path}: no column {', '.join(missing)}; a fairseq manifest has "
                            f"{', '.join(TSV_COLUMNS)} (and speaker, src_text, src_lang, "
                            f"tgt_lang where present); its header is {columns}")
-  return columns, rows
+  return columns
+
+
+def tsv_rows(path: str):
+  """A manifest's rows one at a time, read as fairseq reads them (speech_to_text_dataset's
+  csv.DictReader: tab-separated, no quoting)."""
+  with open(path, encoding="utf-8", newline="") as f:
+    yield from csv.DictReader(f, delimiter="\t", quotechar=None, doublequote=False,
+                              lineterminator="\n", quoting=csv.QUOTE_NONE)
 
 
 def find_splits(root: str) -> list[str]:
@@ -179,12 +183,12 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
   for task in TASKS:
     path = os.path.join(root, f"{split}_{task}.tsv")
     if os.path.isfile(path):
-      manifests[task] = (path,) + read_tsv(path)
+      manifests[task] = (path, tsv_columns(path))
   lead = "st" if "st" in manifests else "asr"
-  lead_path, lead_columns, lead_rows = manifests[lead]
+  lead_path, lead_columns = manifests[lead]
   transcripts = {}
   if "asr" in manifests and lead == "st":
-    transcripts = {row["id"]: row["tgt_text"] for row in manifests["asr"][2]}
+    transcripts = {row["id"]: row["tgt_text"] for row in tsv_rows(manifests["asr"][0])}
   if pair is None and not {"src_lang", "tgt_lang"} <= set(lead_columns):
     raise FairseqDataError(f"{lead_path}: no src_lang / tgt_lang columns and the root's name "
                            f"{os.path.basename(os.path.normpath(root))!r} is not a pair like "
@@ -197,7 +201,9 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
     if len(examples[reason]) < EXAMPLES_PER_REASON:
       examples[reason].append(row_id)
 
-  for row in lead_rows:
+  segments = 0
+  for row in tsv_rows(lead_path):
+    segments += 1
     row_id = row["id"]
     audio = parse_audio(row["audio"] or "")
     if audio is None:
@@ -249,7 +255,7 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
     columns["audio_file"].append(zips.index(zip_path))
     columns["audio_offset"].append(audio[1])
     columns["audio_length"].append(audio[2])
-  report = {"segments": len(lead_rows), "kept": len(columns["id"]), "skipped": dict(skipped),
+  report = {"segments": segments, "kept": len(columns["id"]), "skipped": dict(skipped),
             "skipped_examples": dict(examples), "repaired_talks": {},
             "manifests": [os.path.basename(m[0]) for m in manifests.values()]}
   return columns, report
@@ -304,13 +310,10 @@ def write_index(root: str, out: str, splits: list[str] | None = None,
 
   os.makedirs(os.path.join(out, "index"), exist_ok=True)
   for split, columns in indexes.items():
-    path = os.path.join(out, "index", f"{split}.npz")
-    arrays = {name: np.asarray(values) for name, values in columns.items()}
     for name in ("n_frames", "audio_offset", "audio_length"):
-      arrays[name] = arrays[name].astype(np.int64)
-    arrays["audio_file"] = arrays["audio_file"].astype(np.int32)
-    np.savez(path + ".tmp.npz", **arrays)
-    os.replace(path + ".tmp.npz", path)
+      columns[name] = np.asarray(columns[name], np.int64)
+    columns["audio_file"] = np.asarray(columns["audio_file"], np.int32)
+    index_io.save(os.path.join(out, "index", f"{split}.npz"), columns)
   with open(os.path.join(out, "prep_report.json"), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=1)
   gcmvn = next((t["gcmvn"] for t in transforms.values() if t["gcmvn"]), None)

@@ -41,7 +41,8 @@ import signal
 
 import numpy as np
 
-from data_prep import cli_errors, corpora, fairseq_data, features, tfds_dataset, vocab
+from data_prep import (cli_errors, corpora, fairseq_data, features, index_io, tfds_dataset,
+                       vocab)
 from data_prep.audio import AudioError, cut_segment, load_audio
 from data_prep.progress import progress_bar
 
@@ -333,16 +334,14 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
     for sidecar in sidecars[split]:
       for name, values in sidecar["index"].items():
         columns[name].extend(values)
-    path = os.path.join(index_dir, f"{split}.npz")
-    np.savez(path + ".tmp.npz", **{k: np.array(v) for k, v in columns.items()})
-    os.replace(path + ".tmp.npz", path)
+    index_io.save(os.path.join(index_dir, f"{split}.npz"), columns)
 
   stats = _global_cmvn(sidecars.get("train", []))
   if stats.count:
     mean, std = stats.mean_std()
     np.savez(os.path.join(out, "gcmvn.npz"), mean=mean, std=std)
 
-  train_index = np.load(os.path.join(index_dir, f"{splits[0]}.npz"))
+  train_index = index_io.load(os.path.join(index_dir, f"{splits[0]}.npz"))
   translations = [p for p in pairs + eval_only_pairs if len(set(corpora.split_pair(p))) == 2]
   # One-to-many corpora get fairseq's <lang:xx> target tags (data.target_lang_tag uses them).
   target_langs = sorted({corpora.split_pair(p)[1] for p in translations or pairs})

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from data_prep import fairseq_data, prepare, vocab
+from data_prep import fairseq_data, index_io, prepare, vocab
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.training import train
@@ -59,7 +59,7 @@ def write_fairseq_root(prepared_dir: str, root: str, splits=("train", "dev")):
   with zipfile.ZipFile(os.path.join(root, "fbank80.zip"), "w", zipfile.ZIP_STORED) as z:
     for split in splits:
       data = ip.SplitData(ip.PipelineConfig(prepared_dir, task="st"), split)
-      index = dict(np.load(os.path.join(prepared_dir, "index", f"{split}.npz")))
+      index = index_io.load(os.path.join(prepared_dir, "index", f"{split}.npz"))
       rows[split] = []
       for i in range(len(data)):
         row_id = str(data.ids[i])

@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from data_prep import features, prepare
+from data_prep import features, index_io, prepare
 from data_prep.audio import SAMPLE_RATE
 from tests.conftest import _good_segments, write_split
 
@@ -34,14 +34,14 @@ def test_prepare_holds_each_training_utterance_at_each_speed(tmp_path):
                             speed_perturb=prepare.parse_speeds("0.9,1.0,1.1"))
   assert summary["splits"] == {"train": 18, "dev": 3} and summary["speed_perturb"] == [0.9, 1.0,
                                                                                        1.1]
-  index = np.load(os.path.join(out, "index", "train.npz"))
+  index = index_io.load(os.path.join(out, "index", "train.npz"))
   frames = dict(zip(index["id"].astype(str), index["n_frames"]))
   originals = [i for i in frames if not i.startswith("sp")]
   assert len(originals) == 6
   for i in originals:
     for factor in (0.9, 1.1):
       assert abs(frames[f"sp{factor:g}-{i}"] - frames[i] / factor) <= 2
-  dev = np.load(os.path.join(out, "index", "dev.npz"))
+  dev = index_io.load(os.path.join(out, "index", "dev.npz"))
   assert not any(str(i).startswith("sp") for i in dev["id"])      # training only
 
 

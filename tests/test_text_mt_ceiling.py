@@ -5,6 +5,8 @@ import os
 
 import numpy as np
 
+from data_prep import index_io
+
 from benchmarks import text_mt_ceiling
 from data_prep.vocab import Vocabulary
 
@@ -17,7 +19,7 @@ def test_pairs_are_source_plus_eos_and_shifted_targets(prepared):
   target_vocab = Vocabulary(os.path.join(out, vocab["st"]["model"]))
   source, prev, target, references, _ = text_mt_ceiling.load_split(
       out, "dev", source_vocab, target_vocab, 24)
-  index = np.load(os.path.join(out, "index", "dev.npz"), allow_pickle=True)
+  index = index_io.load(os.path.join(out, "index", "dev.npz"))
   for i, (text, reference) in enumerate(zip(index["source_text"], references)):
     pieces = source_vocab.encode(str(text))
     np.testing.assert_array_equal(source[i, :len(pieces) + 1], pieces + [text_mt_ceiling.EOS])

@@ -386,7 +386,7 @@ def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepare
   """st.ctc_weight: ST batches carry the source transcript's ASR pieces; the CTC head has the
   ASR vocabulary's size, starts from the ASR stage's head, is trained on those pieces (not on
   the translation) and never joins the translation's beam search."""
-  from data_prep import vocab
+  from data_prep import index_io, vocab
   from multiformer_jax import experiment
   from multiformer_jax.evaluation import inference
   from multiformer_jax.evaluation.metrics import ctc_loss_sum
@@ -408,7 +408,7 @@ def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepare
   batcher = ip.Batcher(data, train=False)
   bucket, indices = batcher.epoch_plan(0)[0]
   batch = batcher.assemble(bucket, indices, 0)
-  index = dict(np.load(os.path.join(prepared_dir, "index", "train.npz")))
+  index = index_io.load(os.path.join(prepared_dir, "index", "train.npz"))
   for row, i in enumerate(batch["index"]):
     if i < 0:
       continue

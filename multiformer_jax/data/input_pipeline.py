@@ -48,7 +48,7 @@ from typing import Iterator
 import numpy as np
 
 from data_prep import features as features_lib
-from data_prep import fairseq_data, tfds_dataset, vocab
+from data_prep import fairseq_data, index_io, tfds_dataset, vocab
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
@@ -116,6 +116,37 @@ def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16)
   return np.asarray(edges[::-1], np.int64)
 
 
+class Ragged:
+  """Rows of token ids of different lengths as two arrays (the ids joined, the row starts),
+  not one array object per row: a MuST-C split holds 229k of them."""
+
+  def __init__(self, rows=(), values: np.ndarray | None = None,
+               starts: np.ndarray | None = None):
+    if values is None:
+      rows = [np.asarray(r, np.int32) for r in rows]
+      starts = np.zeros(len(rows) + 1, np.int64)
+      np.cumsum([len(r) for r in rows], out=starts[1:])
+      values = np.concatenate(rows).astype(np.int32) if rows else np.zeros(0, np.int32)
+    self.values, self.starts = values, starts
+
+  def __len__(self) -> int:
+    return len(self.starts) - 1
+
+  def __getitem__(self, i: int) -> np.ndarray:
+    return self.values[self.starts[i]:self.starts[i + 1]]
+
+  def __iter__(self):
+    return (self[i] for i in range(len(self)))
+
+  @property
+  def lengths(self) -> np.ndarray:
+    return np.diff(self.starts)
+
+  def take(self, keep: np.ndarray) -> "Ragged":
+    """The rows where the boolean `keep` is true."""
+    return Ragged([self[i] for i in np.flatnonzero(keep)])
+
+
 class SplitData:
   """A prepared split: its data source, lengths, token ids and tags (loaded once)."""
 
@@ -133,7 +164,7 @@ class SplitData:
     if not os.path.exists(index_path):
       raise ValueError(f"split {split!r} was not prepared in {prepared}; prepared: "
                        f"{sorted(self.summary['splits'])}")
-    index = dict(np.load(index_path))
+    index = index_io.load(index_path)
     pairs = np.array([f"{s}-{t}" for s, t in zip(index["source_lang"], index["target_lang"])])
     # Rows of the split -> data-source indices.
     self.rows = np.flatnonzero(np.isin(pairs, used_pairs(sorted(set(pairs)), config, split)))
@@ -150,17 +181,16 @@ class SplitData:
     self.prefix = self._lang_tag_ids(index["target_lang"]) if (
         config.target_lang_tag and config.task == "st") else None
     limit = config.max_target_tokens - (self.prefix is not None)
-    self.tokens = [np.array(self.vocab.encode(str(t))[:limit], np.int32) for t in texts]
-    if self.prefix is not None:
-      self.tokens = [np.concatenate([[p], t]).astype(np.int32)
-                     for p, t in zip(self.prefix, self.tokens)]
+    prefixes = [()] * len(texts) if self.prefix is None else [(p,) for p in self.prefix]
+    self.tokens = Ragged([list(p) + self.vocab.encode(str(t))[:limit]
+                          for p, t in zip(prefixes, texts)])
     self.references = [str(t) for t in texts]
     # The source transcript's ASR pieces (+ EOS in the batch) for ST's source-transcript CTC.
     self.source_tokens = None
     if config.source_ctc and config.task == "st":
       asr_vocab = vocab.load(prepared, self.summary["vocab"]["asr"])
-      self.source_tokens = [np.array(asr_vocab.encode(str(t))[:config.max_target_tokens],
-                                     np.int32) for t in index["source_text"]]
+      self.source_tokens = Ragged([asr_vocab.encode(str(t))[:config.max_target_tokens]
+                                   for t in index["source_text"]])
     self.tag_values = {name: pairs[self.rows] if name == "pair" else index[name]
                        for name in TAG_NAMES}
     self.source = None  # opened lazily: data sources do not pickle
@@ -177,9 +207,9 @@ class SplitData:
     part = copy.copy(self)
     part.rows = self.rows[keep]
     part.n_frames, part.ids = self.n_frames[keep], self.ids[keep]
-    part.tokens = [t for t, k in zip(self.tokens, keep) if k]
+    part.tokens = self.tokens.take(keep)
     if self.source_tokens is not None:
-      part.source_tokens = [t for t, k in zip(self.source_tokens, keep) if k]
+      part.source_tokens = self.source_tokens.take(keep)
     part.references = [r for r, k in zip(self.references, keep) if k]
     part.prefix = None if self.prefix is None else self.prefix[keep]
     part.tag_values = {name: values[keep] for name, values in self.tag_values.items()}
@@ -280,7 +310,7 @@ def split_tags(data: SplitData) -> dict[str, list[str]]:
 def tag_inventory(prepared_dir: str, split: str) -> dict[str, list[str]]:
   """{tag name: sorted distinct values} over every pair of a prepared split (its index only):
   with the training split, the task names of a multi-task model, the same for every stage."""
-  index = np.load(os.path.join(prepared_dir, "index", f"{split}.npz"))
+  index = index_io.load(os.path.join(prepared_dir, "index", f"{split}.npz"))
   sources, targets = index["source_lang"].astype(str), index["target_lang"].astype(str)
   return {"source_lang": sorted(set(sources)), "target_lang": sorted(set(targets)),
           "domain": sorted(set(index["domain"].astype(str))),
@@ -335,9 +365,8 @@ class Batcher:
                        f"{data.split}); raise data.max_frames to at least "
                        f"{self.edges[-1] * multiple}")
     self.bucket_of = np.where(usable, np.searchsorted(self.edges, data.n_frames), -1)  # [N]
-    token_lens = np.array([len(t) + 1 for t in data.tokens])             # + EOS
-    source_lens = None if data.source_tokens is None else np.array(
-        [len(t) + 1 for t in data.source_tokens])
+    token_lens = data.tokens.lengths + 1                                  # + EOS
+    source_lens = None if data.source_tokens is None else data.source_tokens.lengths + 1
     padded = lambda lens: int(math.ceil(max(lens.max() if lens.size else 1, 1) / 8) * 8)
     self.buckets = []
     for b, frames in enumerate(self.edges):
