@@ -47,12 +47,21 @@ def clean(markup: str) -> str:
   return ding.normalise(text)
 
 
+# Spanish characters per English one outside these bounds: RV1909 joined or split verses
+# where the English version does not (e.g. WEB's 2 Cor 13:13 against RV1909's 13:13-14);
+# 99 % of the verse pairs lie within 0.67-1.46.
+LENGTH_RATIO = (0.5, 2.0)
+
+
 def usable(english: str, spanish: str, max_words: int) -> bool:
   """A verse a speaker reads as whole sentences: 3 to max_words English words ending in
   sentence punctuation (the Spanish verse may end in a colon or semicolon where the English
-  one closes its sentence), capitalised, no digits or markup residue on either side."""
+  one closes its sentence), capitalised, no digits or markup residue on either side, and of a
+  length that says it is the same verse (LENGTH_RATIO)."""
   words = len(english.split())
+  ratio = len(spanish) / max(len(english), 1)
   return (3 <= words <= max_words and len(spanish.split()) >= 2 and
+          LENGTH_RATIO[0] <= ratio <= LENGTH_RATIO[1] and
           bool(_SENTENCE_END.search(english)) and spanish[-1:] in ".!?:;\"'" and
           all(not _UNWANTED.search(t) and t.lstrip('¿¡"\'')[:1].isupper()
               for t in (english, spanish)))

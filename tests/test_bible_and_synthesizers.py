@@ -48,6 +48,9 @@ def test_verses_are_filtered_and_each_english_text_kept_once():
        "de Judá. Y su ofrenda fué 12 siclos."),                               # a digit
       ("Psa 23:1", " ".join(["word"] * 30).capitalize() + ".", "Largo."),        # too long
       ("Mat 22:20", "He asked them, \"Whose is this image?\"", "¿Cúya es esta figura?"),
+      ("2Co 13:13", "All the saints greet you.",                      # a verse joined in RV1909
+       "La gracia del Señor Jesucristo, y el amor de Dios, y la participación del Espíritu "
+       "Santo sea con vosotros todos. Amén."),
   ]
   pairs = bible.filtered_pairs(verses, max_words=20)
   assert [en for en, _ in pairs] == [
