@@ -129,7 +129,7 @@ def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
   built, prepared = [], []
   monkeypatch.setattr(ec, "build", lambda root, spec: built.append((root, spec)))
   monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: prepared.append(args))
-  config = quickstart.get_config()
+  config = quickstart.get_config("ding")
   config.data.prepared_dir = str(tmp_path / "prepared")
   train.ensure_prepared(config, logging.getLogger("test"))
   (root, spec), = built
@@ -146,7 +146,7 @@ def test_a_prepared_quickstart_refuses_an_embedded_corpus_of_another_spec(tmp_pa
   from configs import quickstart
   from data_prep import embedded_corpus as ec
   from multiformer_jax.training import train
-  config = quickstart.get_config()
+  config = quickstart.get_config("ding")
   config.data.root, config.data.prepared_dir = str(tmp_path / "corpus"), str(tmp_path / "prep")
   (tmp_path / "prep").mkdir()
   (tmp_path / "prep" / "prepared.json").write_text("{}")
