@@ -198,7 +198,8 @@ def _nonempty(path):
   assert os.path.getsize(path) > (5000 if path.endswith(".png") else 50), path
 
 
-def test_the_three_commands_write_plots_tables_and_a_runnable_config(trained_run, tmp_path):
+def test_the_three_commands_write_plots_tables_and_a_runnable_config(trained_run, tmp_path,
+                                                                    monkeypatch):
   out = str(tmp_path / "analysis")
   common = ["--workdir", trained_run, "--num_utterances", "5", "--batch_size", "2",
             "--checkpoint", "latest", "--out", out, "--no_progress"]
@@ -211,7 +212,13 @@ def test_the_three_commands_write_plots_tables_and_a_runnable_config(trained_run
   assert len(lines) == 1 + 2 * 4                   # 2 layers x 4 heads
   assert "local(5)" in lines[1] and "kernel(8)" in lines[-1]
 
-  analyze.main(["contributions", "--stages", "asr", "st", "--hide_diagonal"] + common)
+  # The paper's view by default: the main diagonal (most of each row) hidden.
+  hidden = []
+  draw = analyze.plots.contribution_matrices
+  monkeypatch.setattr(analyze.plots, "contribution_matrices",
+                      lambda *a, **k: hidden.append(a[3]) or draw(*a, **k))
+  analyze.main(["contributions", "--stages", "asr", "st"] + common)
+  assert hidden == [True, True]
   for name in ("contributions_asr.png", "contributions_st.png", "diagonality_asr.png",
                "diagonality_st.png", "ccd.png", "ccd.csv", "ccd.md"):
     _nonempty(os.path.join(out, name))

@@ -5,7 +5,7 @@
 
     # Pre-LN token contributions, D(w, l) and CCD per layer, ASR and ST on one plot (paper fig. 2-5)
     python -m multiformer_jax.analyze contributions --workdir runs/v2 --stages asr st \
-        --out analysis/v2 [--hide_diagonal]
+        --out analysis/v2 [--show_diagonal]
 
     # Window selection (Algorithm 1) -> Table-1-style table and a config run.py trains as is
     python -m multiformer_jax.analyze windows --workdir runs/v2 --stage st --num_utterances 400 \
@@ -158,7 +158,7 @@ def collect_contributions(run: internals.Run, num_utterances: int, batch_size: i
 
 def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterances: int = 100,
                           batch_size: int = 8, seed: int = 0, example: int = -1,
-                          hide_diagonal: bool = False, progress: bool = True,
+                          hide_diagonal: bool = True, progress: bool = True,
                           residual: bool = True) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   series, rows, paths = {}, [], {}
@@ -368,7 +368,10 @@ def main(argv=None):
   _common(contributions)
   contributions.add_argument("--stages", nargs="+", default=["asr", "st"],
                              choices=("asr", "st"))
-  contributions.add_argument("--hide_diagonal", action="store_true")
+  contributions.add_argument(
+      "--show_diagonal", action="store_true",
+      help="draw the main diagonal too; by default it is hidden, as in the locality paper's "
+           "figures: it holds most of each row and would leave the rest of the map blank")
   _contribution_options(contributions)
   windows = sub.add_parser("windows", help="Algorithm 1 window selection and a config")
   _common(windows)
@@ -409,7 +412,7 @@ def main(argv=None):
     result = analyze_heads(load(args.stage), args.out, **common)
   elif args.command == "contributions":
     result = analyze_contributions([load(s) for s in args.stages], args.out,
-                                   example=args.example, hide_diagonal=args.hide_diagonal,
+                                   example=args.example, hide_diagonal=not args.show_diagonal,
                                    residual=not args.no_residual, **common)
   else:
     result = select_windows(load(args.stage), args.out, threshold=args.threshold,
