@@ -68,16 +68,18 @@ def main(argv):
   print(json.dumps(results, indent=1, ensure_ascii=False))
   if any("eval" in r for r in results.values()):
     from multiformer_jax import ablate  # pylint: disable=import-outside-toplevel
-    row = ablate.collect_row(_WORKDIR.value, _CONFIG.value.name)
-    md_path, _ = ablate.write_table([row], _WORKDIR.value)
+    from multiformer_jax.training import curves  # pylint: disable=import-outside-toplevel
+    splits = train.evaluated_splits(_CONFIG.value)
+    rows = [ablate.collect_row(_WORKDIR.value, f"{_CONFIG.value.name} {split}", split=split)
+            for split in splits]
+    md_path, _ = ablate.write_table(rows, _WORKDIR.value)
     with open(md_path, encoding="utf-8") as f:
       print(f.read())
-    from multiformer_jax.training import curves  # pylint: disable=import-outside-toplevel
-    split = _CONFIG.value.data.test_split
-    shown = curves.examples(_WORKDIR.value, split)
-    if shown:
-      print(f"{len(shown)} {split} examples (reference, then hypothesis):\n"
-            f"{curves.format_examples(shown)}")
+    for split in splits:
+      shown = curves.examples(_WORKDIR.value, split)
+      if shown:
+        print(f"{len(shown)} {split} examples (reference, then hypothesis):\n"
+              f"{curves.format_examples(shown)}")
 
 
 def check_config_overrides(argv):

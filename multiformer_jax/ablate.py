@@ -55,14 +55,16 @@ def run_name(config_path: str) -> str:
   return os.path.splitext(os.path.basename(config_path))[0]
 
 
-def collect_row(workdir: str, name: str, status: str = "") -> dict:
-  """One table row from a run's saved config and evaluation results."""
+def collect_row(workdir: str, name: str, status: str = "", split: str | None = None) -> dict:
+  """One table row from a run's saved config and the evaluation results of `split` (default:
+  the config's data.test_split; without a saved config, whichever split was evaluated)."""
   row = {c: "" for c in COLUMNS}
   row["config"], row["status"] = name, status
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
     with open(config_path, encoding="utf-8") as f:
       config = json.load(f)
+    split = split or config.get("data", {}).get("test_split")
     row["encoder_layout"] = config["model"]["encoder_layout"]
     for key in ("bleu", "wer"):            # a negative value: the paper has no such number
       value = config.get("reported", {}).get(key, "")
@@ -73,7 +75,8 @@ def collect_row(workdir: str, name: str, status: str = "") -> dict:
     stage_dir = os.path.join(workdir, stage)
     for entry in sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []:
       results = os.path.join(stage_dir, entry, "results.json")
-      if entry.startswith("eval_") and os.path.exists(results):
+      if (entry == f"eval_{split}" if split else entry.startswith("eval_")) and \
+          os.path.exists(results):
         with open(results, encoding="utf-8") as f:
           evaluation = json.load(f)
         row[column] = evaluation[key]
