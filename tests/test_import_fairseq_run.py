@@ -67,14 +67,16 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
   assert not config.data.specaugment and config.eval.beam == import_fairseq.FAIRSEQ_BEAM
   assert result["vocab_size"] == SYMBOLS
 
-  # Through the workdir: evaluate reads the saved config, the orbax checkpoint, the index.
+  # Through the workdir: evaluate reads the saved config, the orbax checkpoint, the index
+  # (small batches and short hypotheses keep the test fast; the search is the same).
+  config.eval.batch_frames, config.eval.max_len_b = 300, 12
   scores = evaluate.evaluate_stage(config, out, "st", "dev", progress=False)
   with open(os.path.join(out, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
     through_run = f.read().split("\n")[:-1]
   # Directly: the fixture's parameters converted in memory, the same search.
   model_config, params, _ = import_fairseq.load_checkpoint(FIXTURE)
-  data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], task="st", specaugment=False),
-                      "dev")
+  data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], task="st", specaugment=False,
+                                        max_frames=150), "dev")
   translate = inference.make_translate_for(S2TModel(model_config), config.eval)
   direct = inference.decode_split(params, ip.Batcher(data, False), translate, progress=False)
   assert through_run == direct and len(direct) == 4 and scores["utterances"] == 4
@@ -88,6 +90,19 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
                 str(tmp_path / "contributions"), "--num_utterances", "3", "--batch_size", "2",
                 "--checkpoint", "latest", "--no_progress"])
   assert os.listdir(tmp_path / "contributions")
+
+  # run.py fine-tunes from it: its parameters start the ST stage of a new run.
+  from multiformer_jax.training import train
+  config.st.init_from, config.st.max_updates, config.st.update_freq = out, 1, 1
+  config.st.warmup_updates, config.st.eval_every = 1, 1
+  config.data.max_frames = 300
+  config.eval.after_training = False
+  finetuned = str(tmp_path / "finetuned")
+  train.train_and_evaluate(config, finetuned)
+  first = ckpt_lib.StageCheckpoints(os.path.join(finetuned, "st", "checkpoints"))
+  start = first.params(first.latest())                 # update 1 has learning rate 0
+  np.testing.assert_array_equal(start["decoder"]["embed_tokens"]["embedding"],
+                                params["decoder"]["embed_tokens"]["embedding"])
 
 
 def test_an_import_that_does_not_fit_writes_nothing(tmp_path):
