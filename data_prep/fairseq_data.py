@@ -124,7 +124,8 @@ def yaml_vocabulary(root: str, config: dict) -> dict:
 def yaml_transforms(root: str, config: dict) -> dict:
   """What the yaml's feature transforms mean here: {"cmvn": utterance | global | none,
   "specaugment": a features.SpecAugment policy string or "" (training split only),
-  "gcmvn": the global statistics file or None}."""
+  "gcmvn": the global statistics file or None, "prepend_tgt_lang_tag": whether targets start
+  with their <lang:xx> tag}."""
   path = config["_path"]
   transforms = config.get("transforms") or config.get("feature_transforms") or {}
   general = list(transforms.get("*", []))
@@ -154,7 +155,8 @@ def yaml_transforms(root: str, config: dict) -> dict:
               "time_mask_p": float(spec.get("time_mask_p", 1.0))}
     policy = "lb," + ",".join(f"{k}={v}" for k, v in fields.items())
     features_lib.SpecAugment.from_policy(policy)        # validates the values
-  return {"cmvn": cmvn, "specaugment": policy, "gcmvn": gcmvn}
+  return {"cmvn": cmvn, "specaugment": policy, "gcmvn": gcmvn,
+          "prepend_tgt_lang_tag": bool(config.get("prepend_tgt_lang_tag", False))}
 
 
 def parse_audio(value: str) -> tuple[str, int, int] | None:
@@ -169,7 +171,8 @@ def parse_audio(value: str) -> tuple[str, int, int] | None:
   return (parts[0], offset, length) if offset >= 0 and length > 0 else None
 
 
-def default_pair(root: str, columns: list[str]) -> tuple[str, str] | None:
+def default_pair(root: str) -> tuple[str, str] | None:
+  """The pair a root's directory name spells (MUSTC_ROOT/en-de), or None."""
   name = os.path.basename(os.path.normpath(root))
   match = re.fullmatch(r"([a-z]{2,3})-([a-z]{2,3})", name)
   return (match.group(1), match.group(2)) if match else None
@@ -284,7 +287,7 @@ def write_index(root: str, out: str, splits: list[str] | None = None,
       raise FairseqDataError(f"pairs {pairs}: a fairseq root holds one pair (e.g. en-de); "
                              f"several target languages come from its tgt_lang column")
     pair = tuple(pairs[0].split("-", 1))
-  pair = pair or default_pair(root, [])
+  pair = pair or default_pair(root)
 
   yamls = {task: read_yaml(root, task, (yaml_paths or {}).get(task)) for task in TASKS}
   vocabularies, transforms = {}, {}
@@ -324,7 +327,8 @@ def write_index(root: str, out: str, splits: list[str] | None = None,
       "eval_only_pairs": [], "splits": {s: report[s]["kept"] for s in splits},
       "features": "fairseq_zip", "zips": zips, "feature_dim": feature_dim,
       "vocab": vocabularies, "gcmvn": gcmvn,
-      "transforms": {task: {"cmvn": t["cmvn"], "specaugment": t["specaugment"]}
+      "transforms": {task: {"cmvn": t["cmvn"], "specaugment": t["specaugment"],
+                            "prepend_tgt_lang_tag": t["prepend_tgt_lang_tag"]}
                      for task, t in transforms.items()},
       "speed_perturb": []}
   tmp = marker + ".tmp"

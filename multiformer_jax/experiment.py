@@ -5,8 +5,6 @@ them."""
 from __future__ import annotations
 
 import collections
-import json
-import os
 
 import jax
 import numpy as np
@@ -125,12 +123,10 @@ def stage_ctc_weight(config, stage: str | None) -> float:
 
 def source_ctc_vocab_size(config) -> int:
   """The size of the ASR vocabulary the ST stage's source-transcript CTC spells."""
-  marker = os.path.join(config.data.prepared_dir, "prepared.json")
-  with open(marker, encoding="utf-8") as f:
-    vocabularies = json.load(f)["vocab"]
+  vocabularies = ip.read_summary(config.data.prepared_dir)["vocab"]
   if "asr" not in vocabularies:
-    raise ValueError(f"st.ctc_weight is set but {marker} has no ASR vocabulary for the source "
-                     f"transcripts; set st.ctc_weight=0")
+    raise ValueError(f"st.ctc_weight is set but {config.data.prepared_dir} has no ASR "
+                     f"vocabulary for the source transcripts; set st.ctc_weight=0")
   return int(vocabularies["asr"]["size"])
 
 

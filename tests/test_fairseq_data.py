@@ -112,7 +112,7 @@ def test_rows_and_features_read_back_exactly(prepared, fairseq_root):
   assert summary["transforms"]["st"] == {
       "cmvn": "utterance",
       "specaugment": "lb,freq_mask_n=1,freq_mask_f=27,time_mask_n=1,time_mask_t=100,"
-                     "time_mask_p=1.0"}
+                     "time_mask_p=1.0", "prepend_tgt_lang_tag": False}
   assert not os.path.exists(os.path.join(index_dir, "tfds"))      # nothing copied
   for task in ("asr", "st"):
     ours = ip.SplitData(ip.PipelineConfig(prepared_dir, task=task, specaugment=False), "dev")

@@ -147,17 +147,23 @@ class Ragged:
     return Ragged([self[i] for i in np.flatnonzero(keep)])
 
 
+def read_summary(prepared_dir: str) -> dict:
+  """A prepared dataset's prepared.json (splits, vocabularies, features); refused with the
+  command that makes one."""
+  marker = os.path.join(prepared_dir, "prepared.json")
+  if not os.path.exists(marker):
+    raise FileNotFoundError(f"{prepared_dir} is not a prepared corpus (no prepared.json); run "
+                            f"python -m data_prep.prepare --out {prepared_dir} ...")
+  with open(marker, encoding="utf-8") as f:
+    return json.load(f)
+
+
 class SplitData:
   """A prepared split: its data source, lengths, token ids and tags (loaded once)."""
 
   def __init__(self, config: PipelineConfig, split: str):
     prepared = config.prepared_dir
-    marker = os.path.join(prepared, "prepared.json")
-    if not os.path.exists(marker):
-      raise FileNotFoundError(f"{prepared} is not a prepared corpus (no prepared.json); run "
-                              f"python -m data_prep.prepare --out {prepared} ...")
-    with open(marker, encoding="utf-8") as f:
-      self.summary = json.load(f)
+    self.summary = read_summary(prepared)
     self.config = config
     self.split = split
     index_path = os.path.join(prepared, "index", f"{split}.npz")

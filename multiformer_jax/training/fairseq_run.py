@@ -67,8 +67,7 @@ def _splits(available: list[str]) -> tuple[str, str, str]:
   return train, dev, test
 
 
-def run_config(model: ModelConfig, summary: dict, prepared_dir: str, stage: str,
-               yaml: dict, name: str):
+def run_config(model: ModelConfig, summary: dict, prepared_dir: str, stage: str, name: str):
   """The config of the imported run: fairseq's model, the data as its yaml says."""
   config = default.get_config()
   config.name = name
@@ -86,7 +85,7 @@ def run_config(model: ModelConfig, summary: dict, prepared_dir: str, stage: str,
   d.specaugment = bool(transforms["specaugment"])
   if transforms["specaugment"]:
     d.specaugment_policy = transforms["specaugment"]
-  d.target_lang_tag = bool(yaml.get("prepend_tgt_lang_tag", False)) and stage == "st"
+  d.target_lang_tag = transforms.get("prepend_tgt_lang_tag", False) and stage == "st"
   config.train.stages = (stage,)
   config.eval.beam = FAIRSEQ_BEAM
   config.eval.checkpoint = "latest"
@@ -129,11 +128,8 @@ def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_p
   if feature_dim != model.input_dim:
     raise FairseqImportError(f"the data's features have {feature_dim} values a frame, the "
                              f"checkpoint's model reads {model.input_dim}")
-  import yaml as yaml_lib  # pylint: disable=import-outside-toplevel
-  with open(yaml_path, encoding="utf-8") as f:
-    yaml = yaml_lib.safe_load(f) or {}
   name = f"fairseq_{os.path.splitext(os.path.basename(checkpoint))[0]}"
-  config = run_config(model, summary, prepared_dir, stage, yaml, name)
+  config = run_config(model, summary, prepared_dir, stage, name)
 
   rebuilt = model_config_for(config, dictionary.size, None, stage)
   if rebuilt != model:

@@ -682,8 +682,7 @@ def extra_test_splits(config) -> list[str]:
 def evaluated_splits(config) -> list[str]:
   """The splits evaluation after training reads: data.test_split, then each of
   data.extra_test_splits that was prepared."""
-  with open(os.path.join(config.data.prepared_dir, "prepared.json"), encoding="utf-8") as f:
-    prepared = json.load(f)["splits"]
+  prepared = ip.read_summary(config.data.prepared_dir)["splits"]
   return [config.data.test_split] + [s for s in extra_test_splits(config) if s in prepared]
 
 
