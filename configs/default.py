@@ -104,6 +104,8 @@ def get_config(arg=None):
                                # espeak plus any of flite, festival (fetched with apt-get download)
   d.embedded_unseen_synthesizer = ""   # embedded corpus: build tst-unseen-synth, tst-COMMON's
                                # sentences spoken by this synthesizer (flite | festival)
+  d.embedded_other_synthesizer_share = 0.0  # embedded corpus: share of training utterances
+                               # spoken by those besides espeak (0: as their share of voices)
   d.embedded_bible_english = "web"     # embedded corpus, text "bible": web | kjv
   d.embedded_bible_max_words = 20      # embedded corpus, text "bible": longest verse kept
   d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
@@ -163,6 +165,24 @@ def get_config(arg=None):
   # Also carry the ASR decoder's layers (not its embeddings or output projection, which belong
   # to the ASR vocabulary): its cross-attention has learned to follow the encoder.
   config.st.carry_decoder_layers = False
+  config.st.decoder_init = ""  # "mt": start the ST decoder from the text stage's (below)
+
+  # --- the text stage (only with st.decoder_init="mt"): a text-to-text model on the corpus's
+  # (transcript, translation) pairs whose decoder starts the ST stage's (fairseq's MT recipe)
+  mt = config.mt = ml_collections.ConfigDict()
+  mt.lr = 5e-4
+  mt.lr_scheduler = "inverse_sqrt"   # or "polynomial_decay", as the stages
+  mt.warmup_updates = 4000
+  mt.max_updates = 20000
+  mt.batch = 128               # sentence pairs per update
+  mt.length = 0                # pieces per side (longer sides cut); 0 = the training pairs'
+  mt.max_length = 128          # 99th percentile, at most max_length
+  mt.num_buckets = 3           # batch widths (length quantiles), one compiled update each
+  mt.encoder_layers = 3        # full-attention text encoder (the model's width and heads)
+  mt.dropout = 0.3
+  mt.eval_every = 1000         # updates between dev perplexities (the best parameters are kept)
+  mt.score_dev = True          # dev BLEU of the kept parameters at the end (beam mt.beam)
+  mt.beam = 5
 
   # --- evaluation ----------------------------------------------------------------------------
   e = config.eval = ml_collections.ConfigDict()

@@ -100,6 +100,9 @@ class CorpusSpec:
   # voices), and the family that speaks UNSEEN_SYNTH_SPLIT ("" = no such split).
   synthesizers: tuple[str, ...] = ("espeak",)
   unseen_synthesizer: str = ""
+  # Share of the training utterances spoken by the synthesizers other than espeak-ng; 0 = as
+  # often as their voices are among all training voices (4 flite voices of 23: 17 %).
+  other_synthesizer_share: float = 0.0
 
   def __post_init__(self):
     if not self.text or set(self.text) - set(TEXT_SOURCES):
@@ -118,6 +121,12 @@ class CorpusSpec:
                                     self.unseen_synthesizer in self.synthesizers):
       raise ValueError(f"embedded corpus unseen synthesizer {self.unseen_synthesizer!r}; valid: "
                        f"one of {', '.join(ENGINES[1:])} that training does not use "
+                       f"({', '.join(self.synthesizers)})")
+    if not 0.0 <= self.other_synthesizer_share < 1.0 or (
+        self.other_synthesizer_share and self.synthesizers == ("espeak",)):
+      raise ValueError(f"embedded corpus other_synthesizer_share {self.other_synthesizer_share}"
+                       f"; valid: 0 (proportional to the voices) or a share in (0, 1) with a "
+                       f"synthesizer besides espeak among the synthesizers "
                        f"({', '.join(self.synthesizers)})")
     if self.bible_english not in bible.ENGLISH:
       raise ValueError(f"embedded corpus bible_english {self.bible_english!r}; valid: "
@@ -214,8 +223,10 @@ def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
       missing.append(engine)
   if not missing:
     return spec
+  synthesizers_left = tuple(e for e in spec.synthesizers if e not in missing)
   return dataclasses.replace(
-      spec, synthesizers=tuple(e for e in spec.synthesizers if e not in missing),
+      spec, synthesizers=synthesizers_left,
+      other_synthesizer_share=spec.other_synthesizer_share if len(synthesizers_left) > 1 else 0.0,
       unseen_synthesizer="" if spec.unseen_synthesizer in missing else spec.unseen_synthesizer)
 
 
@@ -290,7 +301,8 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
   engine_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 13])
   engine_groups = [group for engine in spec.synthesizers if engine != "espeak"
                    for group in _engine_speakers(engine_rng, source, engine, per_variant)]
-  engine_share = len(engine_groups) / (len(engine_groups) + len(train_speakers))
+  engine_share = spec.other_synthesizer_share or (
+      len(engine_groups) / (len(engine_groups) + len(train_speakers)))
   plan = {}
   for split in SPLITS:
     repeats = spec.train_speakers_per_sentence if split == "train" else 1
@@ -400,7 +412,8 @@ def _spec_json(spec: CorpusSpec) -> str:
   fields = dataclasses.asdict(spec)
   for name, default in (("train_speakers_per_variant", 1), ("extra_training_variants", False),
                         ("bible_english", "web"), ("bible_max_words", 20),
-                        ("synthesizers", ("espeak",)), ("unseen_synthesizer", "")):
+                        ("synthesizers", ("espeak",)), ("unseen_synthesizer", ""),
+                        ("other_synthesizer_share", 0.0)):
     if fields[name] == default or (name.startswith("bible") and "bible" not in spec.text):
       del fields[name]
   if "synthesizers" in fields:
@@ -503,6 +516,9 @@ def main(argv=None):
   parser.add_argument("--unseen-synthesizer", default="",
                       help=f"build {UNSEEN_SYNTH_SPLIT}: tst-COMMON's sentences spoken by this "
                            f"synthesizer (flite or festival, not among --synthesizers)")
+  parser.add_argument("--other-synthesizer-share", type=float, default=0.0,
+                      help="share of the training utterances spoken by the synthesizers "
+                           "besides espeak (0: as often as their voices are among all)")
   parser.add_argument("--bible-english", default="web", help="web or kjv (--text bible)")
   parser.add_argument("--bible-max-words", type=int, default=20)
   parser.add_argument("--max-heldout", type=int, default=0,
@@ -522,6 +538,7 @@ def main(argv=None):
                       max_heldout=args.max_heldout,
                       synthesizers=tuple(e for e in args.synthesizers.split(",") if e),
                       unseen_synthesizer=args.unseen_synthesizer,
+                      other_synthesizer_share=args.other_synthesizer_share,
                       bible_english=args.bible_english, bible_max_words=args.bible_max_words)
   except ValueError as error:
     parser.error(str(error))

@@ -169,9 +169,11 @@ def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch, fresh_eng
     raise synthesizers.SynthesizerUnavailable(f"{engine}: apt-get not found")
   monkeypatch.setattr(ec, "_engine", unavailable)
   said = []
-  spec = ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="festival")
+  spec = ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="festival",
+                       other_synthesizer_share=0.5)
   effective = ec.effective_spec(spec, said.append)
   assert effective.synthesizers == ("espeak",) and effective.unseen_synthesizer == ""
+  assert effective.other_synthesizer_share == 0.0   # no other synthesizer left to share
   assert effective.splits() == ec.SPLITS
   assert "without flite" in said[0] and "training hears espeak-ng alone" in said[0]
   assert "without festival" in said[1] and "no tst-unseen-synth split" in said[1]
@@ -200,6 +202,19 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
       sorted(s.source for s in segments(mixed, "tst-COMMON"))
   assert sorted(s.source for s in segments(plain, "train")) == \
       sorted(s.source for s in segments(mixed, "train"))
+  # A share set by hand: half the training utterances are flite's, nothing else moves.
+  half = ec.plan_direction(ec.CorpusSpec(**kwargs, synthesizers=("espeak", "flite"),
+                                         unseen_synthesizer="festival",
+                                         other_synthesizer_share=0.5), "en", "de", wheels)
+  assert 0.42 < np.mean([s.voice.engine == "flite" for s in segments(half, "train")]) < 0.58
+  for split in ("dev", "tst-COMMON", "tst-unseen-synth"):
+    assert segments(half, split) == segments(mixed, split)
+  assert sorted(s.source for s in segments(half, "train")) == \
+      sorted(s.source for s in segments(mixed, "train"))
+  for bad, synths in ((1.0, ("espeak", "flite")), (-0.1, ("espeak", "flite")),
+                      (0.5, ("espeak",))):
+    with pytest.raises(ValueError, match=f"other_synthesizer_share {bad}; valid: 0"):
+      ec.CorpusSpec(synthesizers=synths, other_synthesizer_share=bad)
 
 
 def test_a_corpus_without_catalogs_in_its_text_has_no_catalog_sentences(monkeypatch, tmp_path):

@@ -39,6 +39,7 @@ from multiformer_jax.experiment import (initial_params, known_task_rows, model_c
                                          task_keys)
 from multiformer_jax.evaluation.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, init_params
+from multiformer_jax.training import text_stage
 from multiformer_jax.training.parallel import DataParallel
 from multiformer_jax.runtime.train_log import StageLogger
 
@@ -475,12 +476,15 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
              checkpoints.directory, meta["iterator"])
   elif scfg.get("init_from", ""):
     state = state.replace(params=init_from_run(state.params, scfg, stage, log))
-  elif stage == "st" and "asr" in config.train.stages:
-    asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
-    asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
-    log.info("ST encoder from the ASR stage: %s", which)
-    state = state.replace(params=carry_from_asr(state.params, asr_params, log,
-                                                scfg.get("carry_decoder_layers", False)))
+  else:
+    if stage == "st" and "asr" in config.train.stages:
+      asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
+      asr_params, which = asr.select_params(scfg.encoder_init, scfg.encoder_init_average)
+      log.info("ST encoder from the ASR stage: %s", which)
+      state = state.replace(params=carry_from_asr(state.params, asr_params, log,
+                                                  scfg.get("carry_decoder_layers", False)))
+    if stage == "st" and text_stage.wanted(config):
+      state = state.replace(params=text_stage.carry_decoder(state.params, workdir, log))
   if scfg.get("train_only", ""):
     trained, total = trained_values(state.params, scfg, stage)
     log.info("%s: training only the parameters named by %r (%d of %d values); the rest are "
@@ -646,6 +650,7 @@ def ensure_prepared(config, log: logging.Logger):
       max_heldout=d.get("embedded_max_heldout", 0),
       synthesizers=tuple(d.get("embedded_synthesizers", "espeak").split(",")),
       unseen_synthesizer=d.get("embedded_unseen_synthesizer", ""),
+      other_synthesizer_share=d.get("embedded_other_synthesizer_share", 0.0),
       bible_english=d.get("embedded_bible_english", "web"),
       bible_max_words=d.get("embedded_bible_max_words", 20))
       for target in d.embedded_target.split(",")] if d.embedded else []
@@ -735,15 +740,19 @@ def train_and_evaluate(config, workdir: str) -> dict:
     if config[stage].eval_every < 1 and config[stage].eval_every != -1:
       raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
                        f"updates >= 1, or -1 for once per epoch")
+  text_stage.check_config(config)        # what needs no prepared data
   if jax.process_index() == 0:
     ckpt_lib.save_config(workdir, config)
   ensure_prepared(config, log)
+  text_stage.check_config(config, prepared=True)
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
            jax.local_devices()[0].platform, jax.process_count(), dp.mode)
   log.info("host memory: %s", host_memory.describe())
   results = {}
   for stage in config.train.stages:
+    if stage == "st" and text_stage.wanted(config):
+      results[text_stage.STAGE] = {"train": text_stage.run_text_stage(config, workdir, log)}
     results[stage] = {"train": run_stage(config, stage, workdir, dp)}
   if config.eval.after_training and jax.process_index() == 0:
     splits = evaluated_splits(config)

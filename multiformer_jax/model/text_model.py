@@ -1,0 +1,64 @@
+"""A text-to-text model with the speech model's decoder: the source transcript's ASR pieces
+embedded and read by a few full-attention Transformer layers, then the config's decoder.
+
+Its decoder has the ST model's names and shapes, so the ST stage can start from it
+(`st.decoder_init="mt"`: an MT-pretrained decoder), and its translations measure what the
+corpus's text pairs teach a decoder of this size (benchmarks/text_mt_ceiling.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import flax.linen as nn
+
+from data_prep.vocab import PAD_ID
+from multiformer_jax.model.decoder import Decoder
+from multiformer_jax.model.encoder import EncoderLayer
+from multiformer_jax.model.feedforward import layer_norm
+from multiformer_jax.model.model_config import ModelConfig
+from multiformer_jax.model.positions import padded_positions
+
+
+def text_model_config(st_config: ModelConfig, encoder_layers: int, dropout: float
+                      ) -> ModelConfig:
+  """The ST model's config with a text encoder of `encoder_layers` full-attention layers (the
+  encoder's width and heads) and `dropout` everywhere; no CTC head. The decoder's shapes stay
+  the ST model's."""
+  heads = st_config.encoder_heads
+  return dataclasses.replace(
+      st_config, encoder_layers=encoder_layers,
+      encoder_layout=f"{encoder_layers}x({heads}*full)", ctc_head=False, ctc_vocab_size=0,
+      dropout=dropout, attention_dropout=dropout, activation_dropout=dropout)
+
+
+class TextToText(nn.Module):
+  """Source pieces [batch, S] -> target logits [batch, U, vocab] through the config's decoder."""
+  config: ModelConfig
+  source_vocab: int
+
+  def setup(self):
+    self.embed_source = nn.Embed(self.source_vocab, self.config.d_model)
+    self.layers = [EncoderLayer(self.config, layer, i, name=f"layers_{i}")
+                   for i, layer in enumerate(self.config.layout)]
+    self.layer_norm = layer_norm("layer_norm")
+    self.decoder = Decoder(self.config, name="decoder")
+
+  def encode(self, source, deterministic: bool = True):
+    """source [batch, S] -> (encoded [batch, S, d], mask [batch, S])."""
+    mask = source != PAD_ID
+    x = math.sqrt(self.config.d_model) * self.embed_source(source)
+    x = x + padded_positions(mask, self.config.d_model)
+    for layer in self.layers:
+      x = layer(x, mask, deterministic)
+    return self.layer_norm(x), mask
+
+  def __call__(self, source, prev_tokens, deterministic: bool = True):
+    encoded, mask = self.encode(source, deterministic)
+    return self.decoder(prev_tokens, encoded, mask, deterministic)
+
+  def cross_kv(self, encoded):
+    return self.decoder.cross_kv(encoded)
+
+  def decode_step(self, tokens, index, cache, cross_kv, mask):
+    return self.decoder.decode_step(tokens, index, cache, cross_kv, mask)
