@@ -11,6 +11,10 @@ then measures, each in a fresh process, the peak resident memory (VmHWM) and wal
   fairseq_asr     the same for ASR
   prepare_st      the same index in data_prep.prepare's form (a prepared dir whose index the
                   prepare run would write; its features are never read here)
+  prepare_main    data_prep.prepare's main process on the same segments in MuST-C's layout
+                  (yaml + text files, talks of 120 segments, no audio): reading and planning
+                  the shards (`plan_jobs`), then the split's index from the shards' sidecars
+                  (`write_split_index`; the sidecars are written here as the workers would)
 and one line per measurement (JSON) with the machine. Targets (issue #52): every process
 <= 1.5 GiB together, a load <= 30 s on 2 cores.
 """
@@ -110,12 +114,50 @@ def prepare_form(fairseq_index: str, out: str):
                "gcmvn": None}, f)
 
 
+def mustc_form(root: str, out: str) -> str:
+  """The synthetic root's train split in MuST-C's layout (txt only) -> the corpus root."""
+  base = os.path.join(out, "en-de", "data", "train", "txt")
+  os.makedirs(base, exist_ok=True)
+  files = {ext: open(os.path.join(base, f"train.{ext}"), "w", encoding="utf-8")
+           for ext in ("yaml", "en", "de")}
+  with open(os.path.join(root, "train_asr.tsv"), encoding="utf-8") as asr, \
+       open(os.path.join(root, "train_st.tsv"), encoding="utf-8") as st:
+    next(asr), next(st)
+    offsets = {}
+    for asr_row, st_row in zip(asr, st):
+      utt, _, frames, en, speaker = asr_row.rstrip("\n").split("\t")
+      de = st_row.rstrip("\n").split("\t")[3]
+      talk = utt.rsplit("_", 1)[0]
+      offset = offsets.get(talk, 0.0)
+      offsets[talk] = offset + int(frames) / 100 + 0.5
+      files["yaml"].write(f"- {{duration: {int(frames) / 100}, offset: {offset:.2f}, "
+                          f"speaker_id: {speaker}, wav: {talk}.wav}}\n")
+      files["en"].write(en + "\n")
+      files["de"].write(de + "\n")
+  for f in files.values():
+    f.close()
+  return out
+
+
 MEASURE = r"""
 import json, sys, time
 sys.path.insert(0, {repo!r})
 start = time.perf_counter()
 what, directory, task = {what!r}, {directory!r}, {task!r}
-if what == "index":
+if what == "prepare_main":
+  import os
+  from data_prep import prepare
+  jobs, _ = prepare.plan_jobs("mustc", {root!r}, ["en-de"], directory, ["train"], 2,
+                              prepare.DEFAULT_SHARD_FRAMES)
+  for _, sidecar, talks, _, _ in jobs["train"]:     # as the workers write them
+    columns = {{name: [getattr(r, name) for _, records, _ in talks for r in records]
+               for name in prepare.META_FIELDS}}
+    columns["n_frames"] = [int(r.duration * 100) for _, records, _ in talks for r in records]
+    prepare._atomic_json(sidecar, {{"index": columns}})
+  os.makedirs(os.path.join(directory, "index"), exist_ok=True)
+  prepare.write_split_index(os.path.join(directory, "index", "train.npz"),
+                            [job[1] for job in jobs["train"]])
+elif what == "index":
   from data_prep import fairseq_data
   fairseq_data.write_index({root!r}, directory)
 else:
@@ -159,6 +201,10 @@ def main(argv=None):
   rows += [{"measure": f"fairseq_{task}", **measure("fairseq", fairseq_index, task)}
            for task in ("st", "asr")]
   rows.append({"measure": "prepare_st", **measure("prepare", prepared, "st")})
+  mustc_root = mustc_form(root, os.path.join(workdir, "mustc"))
+  main_out = os.path.join(workdir, "prepare_main")
+  shutil.rmtree(main_out, ignore_errors=True)
+  rows.append({"measure": "prepare_main", **measure("prepare_main", main_out, root=mustc_root)})
   info = machine()
   with open(args.out, "a", encoding="utf-8") as f:
     for row in rows:

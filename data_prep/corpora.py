@@ -37,7 +37,7 @@ class CorpusLayoutError(FileNotFoundError):
   pass
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class SegmentRecord:
   id: str
   talk: str
@@ -118,18 +118,21 @@ def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
   if not len(segments) == len(sources) == len(targets):
     raise CorpusLayoutError(f"{txt}: {len(segments)} yaml segments but {len(sources)} lines in "
                             f"{split}.{src} and {len(targets)} in {split}.{tgt}; they must match")
-  records, index_in_talk = [], {}
-  for seg, source, target in zip(segments, sources, targets):
+  records, index_in_talk, shared = [], {}, {}
+  # The strings a talk's segments repeat (talk, wav path, speaker, tags) are stored once.
+  one = lambda value: shared.setdefault(value, value)
+  for n, (source, target) in enumerate(zip(sources, targets)):
+    seg, segments[n] = segments[n], None          # the parsed yaml goes as records come
     wav = str(seg["wav"])
-    talk = os.path.splitext(wav)[0]
+    talk = one(os.path.splitext(wav)[0])
     i = index_in_talk.get(talk, 0)
     index_in_talk[talk] = i + 1
     records.append(SegmentRecord(
-        id=f"{talk}_{i}", talk=talk, speaker=str(seg.get("speaker_id", talk)),
-        audio_path=os.path.join(split_dir, "wav", wav), offset=float(seg["offset"]),
+        id=f"{talk}_{i}", talk=talk, speaker=one(str(seg.get("speaker_id", talk))),
+        audio_path=one(os.path.join(split_dir, "wav", wav)), offset=float(seg["offset"]),
         duration=float(seg["duration"]), source_text=source, target_text=target,
-        source_lang=str(seg.get("lang", src)), target_lang=tgt,
-        domain=str(seg.get("domain", corpus))))
+        source_lang=one(str(seg.get("lang", src))), target_lang=tgt,
+        domain=one(str(seg.get("domain", corpus)))))
   return records
 
 

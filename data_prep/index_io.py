@@ -67,3 +67,35 @@ def load(path: str) -> dict[str, np.ndarray]:
     else:
       columns[key] = stored[key]
   return columns
+
+
+class ColumnsBuilder:
+  """A split's index assembled part by part (e.g. one shard's columns at a time), each part
+  kept as arrays (text as UTF-8 bytes and lengths), never as one Python object per row."""
+
+  def __init__(self):
+    self.parts: dict[str, list] = {}
+
+  def add(self, columns: dict):
+    for name, values in columns.items():
+      if _is_text(values):
+        data, offsets = encode_text(values)
+        part = (data, np.diff(offsets))
+      else:
+        part = np.asarray(values)
+      self.parts.setdefault(name, []).append(part)
+
+  def save(self, path: str):
+    """Writes the columns as `save` does, atomically."""
+    arrays = {}
+    for name, parts in self.parts.items():
+      if isinstance(parts[0], tuple):
+        lengths = np.concatenate([p[1] for p in parts])
+        offsets = np.zeros(len(lengths) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        arrays[name + UTF8] = np.concatenate([p[0] for p in parts])
+        arrays[name + OFFSETS] = offsets
+      else:
+        arrays[name] = np.concatenate(parts)
+    np.savez(path + ".tmp.npz", **arrays)
+    os.replace(path + ".tmp.npz", path)

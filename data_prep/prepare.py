@@ -76,41 +76,40 @@ def process_talk(job) -> dict:
       return json.loads(str(cached["report"]))
   kept, feats, skipped, repairs = [], [], [], []
   try:
-    audio, repairs = load_audio(records[0]["audio_path"])
+    audio, repairs = load_audio(records[0].audio_path)
   except AudioError as e:
-    audio, skipped = None, [(r["id"], e.reason) for r in records]
+    audio, skipped = None, [(r.id, e.reason) for r in records]
   for r in records if audio is not None else []:
-    if not r["source_text"].strip() or not r["target_text"].strip():
-      skipped.append((r["id"], "empty text"))
+    if not r.source_text.strip() or not r.target_text.strip():
+      skipped.append((r.id, "empty text"))
       continue
     try:
-      segment = audio if r.get("whole_file") else cut_segment(audio, r["offset"],
-                                                               r["duration"])
+      segment = audio if r.whole_file else cut_segment(audio, r.offset, r.duration)
     except AudioError as e:
-      skipped.append((r["id"], e.reason))
+      skipped.append((r.id, e.reason))
       continue
     if not np.all(np.isfinite(segment)):   # the fbank of NaN/inf samples is not finite
-      skipped.append((r["id"], "non-finite features"))
+      skipped.append((r.id, "non-finite features"))
       continue
-    segment = features.speed_perturb(segment, r.get("speed", 1.0))
+    segment = features.speed_perturb(segment, r.speed)
     try:
       fb = features.fbank(segment)
     except Exception as e:  # pylint: disable=broad-except  # counted, never a crash mid-corpus
-      skipped.append((r["id"], f"feature extraction failed ({type(e).__name__})"))
+      skipped.append((r.id, f"feature extraction failed ({type(e).__name__})"))
       continue
     if len(fb) < MIN_FRAMES:
-      skipped.append((r["id"], f"fewer than {MIN_FRAMES} frames"))
+      skipped.append((r.id, f"fewer than {MIN_FRAMES} frames"))
     elif is_train and len(fb) > MAX_TRAIN_FRAMES:
-      skipped.append((r["id"], f"more than {MAX_TRAIN_FRAMES} frames (train)"))
+      skipped.append((r.id, f"more than {MAX_TRAIN_FRAMES} frames (train)"))
     elif not np.all(np.isfinite(fb)):
-      skipped.append((r["id"], "non-finite features"))
+      skipped.append((r.id, "non-finite features"))
     else:
       kept.append(r)
       feats.append(fb)
   del audio                                 # a talk's audio is the worker's largest array
   report = {"kept": len(kept), "skipped": skipped, "repairs": repairs}
   arrays = {"report": json.dumps(report),
-            "meta": json.dumps([{k: r[k] for k in META_FIELDS} for r in kept]),
+            "meta": json.dumps([{k: getattr(r, k) for k in META_FIELDS} for r in kept]),
             "lengths": np.array([len(f) for f in feats], np.int64),
             "fbank": np.concatenate(feats) if feats else np.zeros((0, 80), np.float32)}
   tmp = cache_path + ".tmp.npz"
@@ -134,7 +133,7 @@ def plan_shards(talk_jobs: list, shard_frames: int, min_shards: int) -> list[lis
   """Consecutive groups of talks (indices into talk_jobs) of about `shard_frames` estimated
   frames each (a group closes once it reaches them), split further until there are
   `min_shards` groups where the talks allow it (so that every worker has a shard)."""
-  estimated = [sum(max(r["duration"], 0.0) for r in records) * FRAMES_PER_SECOND
+  estimated = [sum(max(r.duration, 0.0) for r in records) * FRAMES_PER_SECOND
                for _, records, _ in talk_jobs]
   shards, current, frames = [], [], 0.0
   for i, talk_frames in enumerate(estimated):
@@ -199,7 +198,7 @@ def write_shard(job) -> dict:
   A shard already written is not redone."""
   shard_path, sidecar_path, talk_jobs, is_train, fault_name = job
   if os.path.exists(shard_path) and os.path.exists(sidecar_path):
-    return _read_json(sidecar_path)
+    return without_index(_read_json(sidecar_path))
   try:
     reports = [process_talk(talk) for talk in talk_jobs]
     columns = collections.defaultdict(list)
@@ -229,10 +228,25 @@ def write_shard(job) -> dict:
   for cache_path, _, _ in talk_jobs:               # the shard holds them now
     if os.path.exists(cache_path):
       os.remove(cache_path)
-  return sidecar
+  return without_index(sidecar)
 
 
-def _split_report(records, sidecars) -> dict:
+def without_index(sidecar: dict) -> dict:
+  """A sidecar as the main process keeps it: its index columns stay in the file (one Python
+  object per segment would add up to gigabytes at MuST-C's size); `write_split_index` reads
+  them one sidecar at a time."""
+  return {key: value for key, value in sidecar.items() if key != "index"}
+
+
+def write_split_index(path: str, sidecar_paths: list[str]):
+  """index/{split}.npz from the shards' sidecars, read one at a time into arrays."""
+  builder = index_io.ColumnsBuilder()
+  for sidecar_path in sidecar_paths:
+    builder.add(_read_json(sidecar_path)["index"])
+  builder.save(path)
+
+
+def _split_report(segments: int, sidecars) -> dict:
   skipped, repairs, kept = collections.Counter(), collections.Counter(), 0
   examples = collections.defaultdict(list)
   for sidecar in sidecars:
@@ -243,7 +257,7 @@ def _split_report(records, sidecars) -> dict:
         skipped[reason] += 1
         if len(examples[reason]) < EXAMPLES_PER_REASON:
           examples[reason].append(utt)
-  return {"segments": len(records), "kept": kept, "skipped": dict(skipped),
+  return {"segments": segments, "kept": kept, "skipped": dict(skipped),
           "skipped_examples": dict(examples), "repaired_talks": dict(repairs)}
 
 
@@ -258,6 +272,42 @@ def _global_cmvn(train_sidecars):
     stats.add_sums(cmvn["frames"], np.array(cmvn["sum"]), np.array(cmvn["sum_sq"]))
     utterances += cmvn["utterances"]
   return stats
+
+
+def plan_jobs(corpus: str, root: str, pairs: list[str], out: str, splits: list[str],
+              workers: int, shard_frames: int, eval_only_pairs=(), speed_perturb=()
+              ) -> tuple[dict, dict]:
+  """Reads every split's segment list first (layout errors surface before any work is done)
+  and plans its shards (kept in shards/plan.json: a rerun writes the same shards) -> ({split:
+  [write_shard jobs]}, {split: segments listed}). The jobs hold the records."""
+  records = {s: corpora.read_corpora(corpus, root,
+                                     pairs + list(eval_only_pairs) if i else pairs, s)
+             for i, s in enumerate(splits)}
+  records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb)
+  data_dir = os.path.join(out, "tfds")
+  plan_path = os.path.join(out, "shards", "plan.json")
+  os.makedirs(os.path.dirname(plan_path), exist_ok=True)
+  plan = _read_json(plan_path) if os.path.exists(plan_path) else {}
+  jobs = {}
+  for split, recs in records.items():
+    talks = collections.defaultdict(list)
+    for r in recs:
+      talks[(r.source_lang, r.target_lang, r.talk)].append(r)
+    cache_dir = os.path.join(out, "features", split)
+    os.makedirs(cache_dir, exist_ok=True)
+    os.makedirs(os.path.join(out, "shards", split), exist_ok=True)
+    talk_jobs = [(os.path.join(cache_dir, f"{s}-{t}_{talk}.npz"), rs,
+                  split == "train") for (s, t, talk), rs in sorted(talks.items())]
+    if split not in plan or sum(map(len, plan[split])) != len(talk_jobs):
+      plan[split] = plan_shards(talk_jobs, shard_frames, workers)
+    n = len(plan[split])
+    jobs[split] = [
+        (os.path.join(tfds_dataset.staging_dir(data_dir), tfds_dataset.shard_filename(split, k, n)),
+         os.path.join(out, "shards", split, f"{k:05d}-of-{n:05d}.json"),
+         [talk_jobs[i] for i in talk_ids], split == "train", f"prepare.{split}.shard:{k}")
+        for k, talk_ids in enumerate(plan[split])]
+  _atomic_json(plan_path, plan)
+  return jobs, {split: len(recs) for split, recs in records.items()}
 
 
 def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str] | None = None,
@@ -276,38 +326,15 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
     return fairseq_data.write_index(root, out, splits, [p for p in pairs if p] or None)
   workers = workers or os.cpu_count() or 1
   splits = splits or [s for s in corpora.SPLITS[corpus.split(",")[0]] if s != "tst-HE"]
-  # Read every split's segment list first: layout errors surface before any work is done.
   eval_only_pairs = [p for p in eval_only_pairs if p not in pairs]
-  records = {s: corpora.read_corpora(corpus, root, pairs + eval_only_pairs if i else pairs, s)
-             for i, s in enumerate(splits)}
-  records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb)
+  jobs, segments = plan_jobs(corpus, root, pairs, out, splits, workers, shard_frames,
+                             eval_only_pairs, speed_perturb)
   data_dir = os.path.join(out, "tfds")
-  plan_path = os.path.join(out, "shards", "plan.json")
-  os.makedirs(os.path.dirname(plan_path), exist_ok=True)
-  plan = _read_json(plan_path) if os.path.exists(plan_path) else {}
-  jobs = {}
-  for split, recs in records.items():
-    talks = collections.defaultdict(list)
-    for r in recs:
-      talks[(r.source_lang, r.target_lang, r.talk)].append(r)
-    cache_dir = os.path.join(out, "features", split)
-    os.makedirs(cache_dir, exist_ok=True)
-    os.makedirs(os.path.join(out, "shards", split), exist_ok=True)
-    talk_jobs = [(os.path.join(cache_dir, f"{s}-{t}_{talk}.npz"), [vars(r) for r in rs],
-                  split == "train") for (s, t, talk), rs in sorted(talks.items())]
-    if split not in plan or sum(map(len, plan[split])) != len(talk_jobs):
-      plan[split] = plan_shards(talk_jobs, shard_frames, workers)
-    n = len(plan[split])
-    jobs[split] = [
-        (os.path.join(tfds_dataset.staging_dir(data_dir), tfds_dataset.shard_filename(split, k, n)),
-         os.path.join(out, "shards", split, f"{k:05d}-of-{n:05d}.json"),
-         [talk_jobs[i] for i in talk_ids], split == "train", f"prepare.{split}.shard:{k}")
-        for k, talk_ids in enumerate(plan[split])]
-  _atomic_json(plan_path, plan)
 
   sidecars = {}
   if tfds_dataset.is_complete(data_dir):
-    sidecars = {split: [_read_json(j[1]) for j in js] for split, js in jobs.items()}
+    sidecars = {split: [without_index(_read_json(j[1])) for j in js]
+                for split, js in jobs.items()}
   else:
     os.makedirs(tfds_dataset.staging_dir(data_dir), exist_ok=True)
     all_jobs = [job for split in splits for job in jobs[split]]
@@ -321,7 +348,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
     tfds_dataset.finalize(data_dir, {s: [c["count"] for c in sidecars[s]] for s in splits},
                           {s: sum(c["num_bytes"] for c in sidecars[s]) for s in splits})
 
-  report = {split: _split_report(records[split], sidecars[split]) for split in splits}
+  report = {split: _split_report(segments[split], sidecars[split]) for split in splits}
   for split, r in report.items():
     if r["kept"] == 0:
       raise ValueError(f"no usable segment in {split} of {root} ({pairs}): {r['skipped']}")
@@ -330,11 +357,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   index_dir = os.path.join(out, "index")
   os.makedirs(index_dir, exist_ok=True)
   for split in splits:
-    columns = collections.defaultdict(list)
-    for sidecar in sidecars[split]:
-      for name, values in sidecar["index"].items():
-        columns[name].extend(values)
-    index_io.save(os.path.join(index_dir, f"{split}.npz"), columns)
+    write_split_index(os.path.join(index_dir, f"{split}.npz"), [job[1] for job in jobs[split]])
 
   stats = _global_cmvn(sidecars.get("train", []))
   if stats.count:

@@ -4,6 +4,7 @@ a full disk, and training batches assembled ahead by worker processes."""
 import errno
 import json
 import os
+import types
 import signal
 import subprocess
 import sys
@@ -75,7 +76,8 @@ def test_every_segment_reads_back_as_computed_from_many_shards(prepared, sharded
 
 def test_shard_plan_is_bounded_and_covers_every_talk():
   durations = [[3.0, 4.0], [50.0], [1.0], [2.0, 2.0, 2.0], [0.5], [30.0], [7.0]]
-  jobs = [(f"t{i}", [{"duration": d} for d in ds], True) for i, ds in enumerate(durations)]
+  jobs = [(f"t{i}", [types.SimpleNamespace(duration=d) for d in ds], True)
+          for i, ds in enumerate(durations)]
   target = 1000                                       # frames (10 s)
   shards = prepare.plan_shards(jobs, target, min_shards=1)
   assert [i for shard in shards for i in shard] == list(range(len(jobs)))
@@ -125,7 +127,7 @@ def test_a_full_disk_says_what_to_do_and_keeps_the_finished_work(prepared, tmp_p
   talk = [r for r in records if r.talk == "dev0"]
   cache = str(tmp_path / "dev0.npz")
   shard = str(tmp_path / "shard-00000-of-00001")
-  job = (shard, str(tmp_path / "sidecar.json"), [(cache, [vars(r) for r in talk], False)],
+  job = (shard, str(tmp_path / "sidecar.json"), [(cache, list(talk), False)],
          False, "")
 
   def full(self, example):

@@ -31,3 +31,24 @@ def test_an_index_of_fixed_width_strings_still_loads(tmp_path):
   np.savez(path, id=np.array(["a", "b"]), source_text=np.array(["one", "two"]))
   loaded = index_io.load(path)
   assert loaded["source_text"].tolist() == ["one", "two"]
+
+
+def test_columns_built_part_by_part_equal_the_columns_saved_at_once(tmp_path):
+  """prepare's main process builds a split's index one shard's sidecar at a time
+  (ColumnsBuilder); the file loads as the same columns as `save` of the joined lists."""
+  parts = [{"id": ["a_0", "a_1"], "n_frames": [120, 7], "source_text": ["Héllo wörld", ""],
+            "target_text": ["¡Hola!", "x" * 300]},
+           {"id": ["b_0"], "n_frames": [88], "source_text": ["日本語"], "target_text": ["y"]},
+           {"id": ["c_0", "c_1", "c_2"], "n_frames": [1, 2, 3],
+            "source_text": ["p", "q", "r"], "target_text": ["s", "t", "u"]}]
+  builder = index_io.ColumnsBuilder()
+  for part in parts:
+    builder.add(part)
+  builder.save(str(tmp_path / "built.npz"))
+  joined = {name: sum((p[name] for p in parts), []) for name in parts[0]}
+  index_io.save(str(tmp_path / "joined.npz"), joined)
+  built, reference = (index_io.load(str(tmp_path / f"{n}.npz")) for n in ("built", "joined"))
+  assert list(built) == list(reference)
+  for name in reference:
+    assert list(built[name]) == list(reference[name]), name
+  assert built["n_frames"].dtype == reference["n_frames"].dtype
