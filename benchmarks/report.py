@@ -390,10 +390,14 @@ def index_scale_section(directory):
   segments = rows[-1]["segments"]
   rows = [r for r in rows if r["segments"] == segments]
   by = {r["measure"]: r for r in rows}
+  if not meta:                        # each row carries its machine and command
+    meta = {**rows[-1].get("machine", {}), "command": rows[-1].get("command", "")}
   what = {"fairseq_index": "fairseq root -> index (data_prep.fairseq_data.write_index)",
           "fairseq_st": "ST training split loaded + batch plan, fairseq root",
           "fairseq_asr": "ASR training split loaded + batch plan, fairseq root",
-          "prepare_st": "ST training split loaded + batch plan, prepare's index"}
+          "prepare_st": "ST training split loaded + batch plan, prepare's index",
+          "prepare_main": "data_prep.prepare's main process: segment lists read, shards "
+                          "planned, the index built from the shards' sidecars"}
   table = _table(["process", "peak resident memory (MiB)", "wall (s)"],
                  [[what[m], by[m]["peak_rss_mib"], by[m]["seconds"]] for m in what if m in by])
   loads = [m for m in ("fairseq_st", "fairseq_asr", "prepare_st") if m in by]
@@ -404,7 +408,8 @@ def index_scale_section(directory):
 Machine: {_machine(meta)}. Command: `{_cmd(meta.get("command", ""))}`. A synthetic fairseq
 root of {segments:,} training segments (MuST-C En-De has 229k; transcripts of MuST-C-like
 lengths) whose rows point at a few hundred short entries of one fbank80.zip: the index is what
-grows with the corpus. Each process is measured alone (peak resident memory, VmHWM).
+grows with the corpus. Each process is measured alone (peak resident memory, VmHWM); they
+run one at a time, and the target adds them all.
 
 {table}
 """

@@ -112,17 +112,16 @@ def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
   missing = [p for p in paths if not os.path.isfile(p)]
   if missing:
     raise _layout_error(corpus, txt, expected, f"missing {', '.join(missing)}")
-  with open(paths[0], encoding="utf-8") as f:
-    segments = yaml.load(f, Loader=_YAML_LOADER) or []
   sources, targets = _read_lines(paths[1]), _read_lines(paths[2])
-  if not len(segments) == len(sources) == len(targets):
-    raise CorpusLayoutError(f"{txt}: {len(segments)} yaml segments but {len(sources)} lines in "
-                            f"{split}.{src} and {len(targets)} in {split}.{tgt}; they must match")
   records, index_in_talk, shared = [], {}, {}
   # The strings a talk's segments repeat (talk, wav path, speaker, tags) are stored once.
   one = lambda value: shared.setdefault(value, value)
-  for n, (source, target) in enumerate(zip(sources, targets)):
-    seg, segments[n] = segments[n], None          # the parsed yaml goes as records come
+  segments = 0
+  for n, seg in enumerate(yaml_segments(paths[0])):
+    segments += 1
+    if n >= min(len(sources), len(targets)):
+      continue                                     # counted for the message below
+    source, target = sources[n], targets[n]
     wav = str(seg["wav"])
     talk = one(os.path.splitext(wav)[0])
     i = index_in_talk.get(talk, 0)
@@ -133,7 +132,38 @@ def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
         duration=float(seg["duration"]), source_text=source, target_text=target,
         source_lang=one(str(seg.get("lang", src))), target_lang=tgt,
         domain=one(str(seg.get("domain", corpus)))))
+  if not segments == len(sources) == len(targets):
+    raise CorpusLayoutError(f"{txt}: {segments} yaml segments but {len(sources)} lines in "
+                            f"{split}.{src} and {len(targets)} in {split}.{tgt}; they must match")
   return records
+
+
+YAML_CHUNK = 2000    # segments parsed per yaml.load call
+
+
+def yaml_segments(path: str, chunk: int = YAML_CHUNK):
+  """The segment list of a MuST-C-style yaml (a top-level sequence of mappings), streamed:
+  entries are parsed `chunk` at a time, never the whole file at once (PyYAML composes a whole
+  document's node tree first: about 4 KB a segment, a gigabyte at MuST-C's size). An entry
+  starts at a line beginning with '-'; any other top-level form is parsed whole."""
+  with open(path, encoding="utf-8") as f:
+    first = ""
+    for first in f:
+      if first.strip() and not first.lstrip().startswith(("#", "---")):
+        break
+    if not first.startswith("-"):
+      f.seek(0)
+      yield from yaml.load(f, Loader=_YAML_LOADER) or []
+      return
+    lines, entries = [first], 1
+    for line in f:
+      if line.startswith("-"):
+        if entries == chunk:
+          yield from yaml.load("".join(lines), Loader=_YAML_LOADER)
+          lines, entries = [], 0
+        entries += 1
+      lines.append(line)
+    yield from yaml.load("".join(lines), Loader=_YAML_LOADER) or []
 
 
 def read_mustc(root: str, pair: str = "en-de", split: str = "train") -> list[SegmentRecord]:

@@ -178,6 +178,9 @@ def default_pair(root: str) -> tuple[str, str] | None:
   return (match.group(1), match.group(2)) if match else None
 
 
+FLUSH_ROWS = 20000     # index rows converted to arrays at a time
+
+
 def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[str],
                 zip_sizes: dict[str, int]):
   """-> (index columns of the usable rows, report) of one split: the ST manifest's rows with
@@ -198,6 +201,15 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
                            f"en-de: pass the pair (--pairs en-de)")
   skipped, examples = collections.Counter(), collections.defaultdict(list)
   columns = collections.defaultdict(list)
+  rows = index_io.ColumnsBuilder()      # the columns as arrays, FLUSH_ROWS rows at a time
+  rows.first, rows.pairs, kept = None, set(), 0
+
+  def flush():
+    for name, dtype in (("n_frames", np.int64), ("audio_offset", np.int64),
+                        ("audio_length", np.int64), ("audio_file", np.int32)):
+      columns[name] = np.asarray(columns[name], dtype)
+    rows.add(columns)
+    columns.clear()
 
   def skip(row_id, reason):
     skipped[reason] += 1
@@ -258,10 +270,19 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
     columns["audio_file"].append(zips.index(zip_path))
     columns["audio_offset"].append(audio[1])
     columns["audio_length"].append(audio[2])
-  report = {"segments": segments, "kept": len(columns["id"]), "skipped": dict(skipped),
+    if rows.first is None:
+      rows.first = {"id": row_id, "audio_file": zips.index(zip_path), "audio_offset": audio[1],
+                    "audio_length": audio[2]}
+    rows.pairs.add(f"{src_lang}-{tgt_lang}")
+    kept += 1
+    if len(columns["id"]) == FLUSH_ROWS:
+      flush()
+  if columns:
+    flush()
+  report = {"segments": segments, "kept": kept, "skipped": dict(skipped),
             "skipped_examples": dict(examples), "repaired_talks": {},
             "manifests": [os.path.basename(m[0]) for m in manifests.values()]}
-  return columns, report
+  return rows, report
 
 
 def write_index(root: str, out: str, splits: list[str] | None = None,
@@ -312,18 +333,15 @@ def write_index(root: str, out: str, splits: list[str] | None = None,
   feature_dim = _feature_dim(zips, indexes)
 
   os.makedirs(os.path.join(out, "index"), exist_ok=True)
-  for split, columns in indexes.items():
-    for name in ("n_frames", "audio_offset", "audio_length"):
-      columns[name] = np.asarray(columns[name], np.int64)
-    columns["audio_file"] = np.asarray(columns["audio_file"], np.int32)
-    index_io.save(os.path.join(out, "index", f"{split}.npz"), columns)
+  for split, rows in indexes.items():
+    rows.save(os.path.join(out, "index", f"{split}.npz"))
   with open(os.path.join(out, "prep_report.json"), "w", encoding="utf-8") as f:
     json.dump(report, f, indent=1)
   gcmvn = next((t["gcmvn"] for t in transforms.values() if t["gcmvn"]), None)
   first = indexes[splits[0]]
   summary = {
       "corpus": "fairseq", "root": root,
-      "pairs": sorted({f"{s}-{t}" for s, t in zip(first["source_lang"], first["target_lang"])}),
+      "pairs": sorted(first.pairs),
       "eval_only_pairs": [], "splits": {s: report[s]["kept"] for s in splits},
       "features": "fairseq_zip", "zips": zips, "feature_dim": feature_dim,
       "vocab": vocabularies, "gcmvn": gcmvn,
@@ -343,13 +361,14 @@ def _feature_dim(zips: list[str], indexes: dict) -> int:
   .npy feature matrices, or splits of different sizes, are refused before anything is
   written."""
   dims = {}
-  for split, columns in indexes.items():
-    reader = ZipFeatures(zips, columns["audio_file"][:1], columns["audio_offset"][:1],
-                         columns["audio_length"][:1])
-    features = reader.read(0, columns["id"][0])
+  for split, rows in indexes.items():
+    first = rows.first
+    reader = ZipFeatures(zips, [first["audio_file"]], [first["audio_offset"]],
+                         [first["audio_length"]])
+    features = reader.read(0, first["id"])
     reader.close()
     if features.ndim != 2:
-      raise FairseqDataError(f"{zips[columns['audio_file'][0]]}: row {columns['id'][0]} of "
+      raise FairseqDataError(f"{zips[first['audio_file']]}: row {first['id']} of "
                              f"{split} holds an array of shape {features.shape}; expected "
                              f"[frames, features] (fbank80: [frames, 80])")
     dims[split] = int(features.shape[1])

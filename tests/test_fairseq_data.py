@@ -128,6 +128,24 @@ def test_rows_and_features_read_back_exactly(prepared, fairseq_root):
   assert theirs.tag_values["speaker"].tolist() == ours.tag_values["speaker"].tolist()
 
 
+def test_the_index_built_a_few_rows_at_a_time_equals_the_one_built_at_once(fairseq_root,
+                                                                           tmp_path,
+                                                                           monkeypatch):
+  """At MuST-C's size the reader turns its columns into arrays every FLUSH_ROWS rows; forced
+  to 3 here, the index files are the same as with one flush."""
+  from data_prep import fairseq_data, index_io
+  root, index_dir, summary, _ = fairseq_root
+  monkeypatch.setattr(fairseq_data, "FLUSH_ROWS", 3)
+  small = fairseq_data.write_index(root, str(tmp_path / "small"))
+  assert small == summary
+  for split in summary["splits"]:
+    ours = index_io.load(os.path.join(str(tmp_path / "small"), "index", f"{split}.npz"))
+    once = index_io.load(os.path.join(index_dir, "index", f"{split}.npz"))
+    assert list(ours) == list(once) and len(once["id"]) > 3
+    for name in once:
+      assert ours[name].dtype == once[name].dtype and list(ours[name]) == list(once[name]), name
+
+
 def test_a_model_trained_from_the_fairseq_root_equals_one_from_prepare(prepared, fairseq_root,
                                                                          tmp_path):
   _, prepared_dir = prepared

@@ -35,6 +35,7 @@ position padded out of the loss (fairseq's --ignore-prefix-size 1); decoding for
 
 from __future__ import annotations
 
+import array
 import collections
 import concurrent.futures
 import copy
@@ -122,11 +123,15 @@ class Ragged:
 
   def __init__(self, rows=(), values: np.ndarray | None = None,
                starts: np.ndarray | None = None):
+    """`rows`: any iterable of int sequences (a generator: never all held as lists at once),
+    or the two arrays themselves."""
     if values is None:
-      rows = [np.asarray(r, np.int32) for r in rows]
-      starts = np.zeros(len(rows) + 1, np.int64)
-      np.cumsum([len(r) for r in rows], out=starts[1:])
-      values = np.concatenate(rows).astype(np.int32) if rows else np.zeros(0, np.int32)
+      flat, lengths = array.array("i"), array.array("q", [0])
+      for row in rows:
+        flat.extend(row)
+        lengths.append(len(row))
+      values = np.frombuffer(flat, np.int32).copy() if flat else np.zeros(0, np.int32)
+      starts = np.cumsum(np.frombuffer(lengths, np.int64))
     self.values, self.starts = values, starts
 
   def __len__(self) -> int:
@@ -144,7 +149,10 @@ class Ragged:
 
   def take(self, keep: np.ndarray) -> "Ragged":
     """The rows where the boolean `keep` is true."""
-    return Ragged([self[i] for i in np.flatnonzero(keep)])
+    keep = np.asarray(keep, bool)
+    starts = np.zeros(int(keep.sum()) + 1, np.int64)
+    np.cumsum(self.lengths[keep], out=starts[1:])
+    return Ragged(values=self.values[np.repeat(keep, self.lengths)], starts=starts)
 
 
 def read_summary(prepared_dir: str) -> dict:
@@ -188,15 +196,15 @@ class SplitData:
         config.target_lang_tag and config.task == "st") else None
     limit = config.max_target_tokens - (self.prefix is not None)
     prefixes = [()] * len(texts) if self.prefix is None else [(p,) for p in self.prefix]
-    self.tokens = Ragged([list(p) + self.vocab.encode(str(t))[:limit]
-                          for p, t in zip(prefixes, texts)])
+    self.tokens = Ragged(list(p) + self.vocab.encode(str(t))[:limit]
+                         for p, t in zip(prefixes, texts))
     self.references = [str(t) for t in texts]
     # The source transcript's ASR pieces (+ EOS in the batch) for ST's source-transcript CTC.
     self.source_tokens = None
     if config.source_ctc and config.task == "st":
       asr_vocab = vocab.load(prepared, self.summary["vocab"]["asr"])
-      self.source_tokens = Ragged([asr_vocab.encode(str(t))[:config.max_target_tokens]
-                                   for t in index["source_text"]])
+      self.source_tokens = Ragged(asr_vocab.encode(str(t))[:config.max_target_tokens]
+                                  for t in index["source_text"])
     self.tag_values = {name: pairs[self.rows] if name == "pair" else index[name]
                        for name in TAG_NAMES}
     self.source = None  # opened lazily: data sources do not pickle
