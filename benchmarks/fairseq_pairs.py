@@ -52,7 +52,7 @@ def main(argv=None):
   parser.add_argument("--rounds", type=int, default=6)
   parser.add_argument("--out_dir", required=True)
   parser.add_argument("--fairseq_python", required=True,
-                      help="a Python with torch and fairseq 0.12.2 (docs/benchmarks_notes.md)")
+                      help="a Python with torch and fairseq 0.12.2 (docs/notes/benchmarks-lab-notebook.md)")
   parser.add_argument("--fairseq_env", default="",
                       help="extra environment for fairseq, e.g. GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
   parser.add_argument("--steps", type=int, default=5)

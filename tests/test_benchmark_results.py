@@ -47,3 +47,36 @@ def test_trace_summary_splits_gpu_time_by_kernel_kind():
   assert "1.00 ms  20.0%  [elementwise (loop_*)]" in text
   assert "1.00 ms      2x  loop_add_fusion" in text
   assert text.count("%  [") == 3
+
+
+def test_the_benchmarks_page_is_the_report_of_the_results_files_and_the_readme_quotes_it(
+    tmp_path):
+  """docs/benchmarks.md is what benchmarks/report.py writes from docs/benchmarks/ (so every
+  figure there comes from a results file), and each figure of the README's performance table
+  is one of its targets' measured values."""
+  import os
+  import re
+  import shutil
+  from benchmarks import report
+  directory = tmp_path / "benchmarks"
+  shutil.copytree("docs/benchmarks", directory)
+  report.main(["--dir", str(directory), "--out", str(tmp_path / "benchmarks.md")])
+  with open("docs/benchmarks.md", encoding="utf-8") as f:
+    committed = f.read()
+  assert (tmp_path / "benchmarks.md").read_text(encoding="utf-8") == committed, \
+      "docs/benchmarks.md is stale: run python benchmarks/report.py"
+  assert (directory / "attention_tables.md").read_text(encoding="utf-8") == \
+      open(os.path.join("docs", "benchmarks", "attention_tables.md"), encoding="utf-8").read()
+  targets = committed.split("## Targets", 1)[1].split("\n## ", 1)[0]
+  measured = [line.split(" | ")[1] for line in targets.splitlines() if line.count(" | ") >= 2]
+  with open("README.md", encoding="utf-8") as f:
+    performance = f.read().split("## Performance", 1)[1].split("\n## ", 1)[0]
+  rows = [line.split(" | ") for line in performance.splitlines()
+          if line.startswith("| ") and not line.startswith("| workload") and "---" not in line]
+  assert len(rows) >= 6
+  for row in rows:
+    figures = re.findall(r"\d+(?:\.\d+)?(?:x|%)?", row[-1])
+    assert figures, row
+    for figure in figures:
+      assert any(re.search(rf"(?<![\d.]){re.escape(figure)}(?![\d])", m) for m in measured), \
+          f"README's {figure} ({row[0]}) is not among docs/benchmarks.md's targets"
