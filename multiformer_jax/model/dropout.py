@@ -10,7 +10,7 @@ and between keys).
 
 Why not `jax.random.bernoulli`: its threefry2x32 hash is 20 rounds of add-rotate-xor per
 element, several times the cost of this one even when XLA fuses it (measurements in
-docs/benchmarks_notes.md). The masks are therefore not jax.random's draws: the same key gives
+docs/notes/benchmarks-lab-notebook.md). The masks are therefore not jax.random's draws: the same key gives
 other (equally distributed) masks than flax.linen.Dropout. Keys of other PRNG implementations and masks of 2**32
 elements or more use `jax.random.bits`.
 

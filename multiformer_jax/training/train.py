@@ -242,7 +242,7 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
   through `lax.cond`, not a select per leaf: with the select XLA recomputes Adam's new moments
   inside the parameters' update and so reads the old moments twice, which costs a copy of
   every donated parameter, moment and accumulator per update (on a 2-core CPU the optimizer's
-  part of an s2t_transformer_s update took about twice as long; docs/benchmarks_notes.md).
+  part of an s2t_transformer_s update took about twice as long; docs/notes/benchmarks-lab-notebook.md).
 
   Head-selection models add the KL term of their Gumbel-sigmoid samples, weighted by each
   task's target tokens (train.kl_weight; 0 in the published recipes, then it is only logged).

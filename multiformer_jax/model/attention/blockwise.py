@@ -20,7 +20,7 @@ AUTO key block is 512) there is no loop: the weights and the dropout keep-mask, 
 same O(q_len x key_block) bound, are kept for the backward instead of recomputed and redrawn,
 and the matmuls run heads-major ([batch, heads, len, head_dim]), the layout in which XLA:CPU ran
 them fastest here. Same masks, same results (to float rounding); the measurements are in
-docs/benchmarks_notes.md.
+docs/notes/benchmarks-lab-notebook.md.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ def depthwise_conv1d(x, kernel, bias, stride: int, pad: int):
   [n, (time + 2 pad - taps) // stride + 1, channels].
 
   The same function as nn.Conv(feature_group_count=channels), without a grouped convolution,
-  which XLA:CPU runs slowly at these shapes (docs/benchmarks_notes.md); a tap is a strided
+  which XLA:CPU runs slowly at these shapes (docs/notes/benchmarks-lab-notebook.md); a tap is a strided
   slice, so forward and backward are elementwise passes."""
   taps = kernel.shape[0]
   out_len = conv_output_lengths(x.shape[1], taps, stride, pad)

@@ -3,7 +3,7 @@
 cuDNN's flash attention (fused.py) has no dropout in JAX's public API, so while attention
 dropout is active our `full` and `conv` heads form the [q_len, k_len] weights, their softmax
 and their dropout mask in memory (15% of an s2t_transformer_s update on an H200,
-docs/benchmarks_notes.md). This kernel never forms them: FlashAttention-2's online softmax
+docs/notes/benchmarks-lab-notebook.md). This kernel never forms them: FlashAttention-2's online softmax
 (Dao, 2023), forward and backward, after the structure of JAX's Pallas reference kernel
 (jax.experimental.pallas.ops.gpu.attention), with the dropout mask regenerated inside each tile.
 
