@@ -65,8 +65,8 @@ def test_the_benchmarks_page_is_the_report_of_the_results_files_and_the_readme_q
     committed = f.read()
   assert (tmp_path / "benchmarks.md").read_text(encoding="utf-8") == committed, \
       "docs/benchmarks.md is stale: run python benchmarks/report.py"
-  assert (directory / "attention_tables.md").read_text(encoding="utf-8") == \
-      open(os.path.join("docs", "benchmarks", "attention_tables.md"), encoding="utf-8").read()
+  assert (directory / "details.md").read_text(encoding="utf-8") == \
+      open(os.path.join("docs", "benchmarks", "details.md"), encoding="utf-8").read()
   targets = committed.split("## Targets", 1)[1].split("\n## ", 1)[0]
   measured = [line.split(" | ")[1] for line in targets.splitlines() if line.count(" | ") >= 2]
   with open("README.md", encoding="utf-8") as f:
