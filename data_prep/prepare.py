@@ -338,7 +338,10 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   else:
     os.makedirs(tfds_dataset.staging_dir(data_dir), exist_ok=True)
     all_jobs = [job for split in splits for job in jobs[split]]
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(all_jobs))) as pool:
+    # A fresh process per shard (maxtasksperchild=1): a worker's peak is one shard's, not
+    # one shard's plus what earlier shards left in its heap.
+    with multiprocessing.get_context("spawn").Pool(min(workers, len(all_jobs)),
+                                                   maxtasksperchild=1) as pool:
       results = list(progress_bar(pool.imap(write_shard, all_jobs), total=len(all_jobs),
                           desc="features -> shards", unit="shard", disable=not progress))
     start = 0
