@@ -2,12 +2,12 @@
 
 Builds the embedded English->Spanish corpus (Bible verses, World English Bible against
 Reina-Valera 1909, spoken by espeak-ng and flite voices), prepares it, trains the ASR stage
-(hybrid CTC/attention), carries the encoder into the ST stage (whose encoder keeps a CTC loss on
-the source transcript), and evaluates both on held-out speakers and sentences (tst-COMMON) and
-on tst-COMMON's sentences spoken by a synthesizer no training utterance uses (festival:
-tst-unseen-synth), all on a 2-core CPU. `:ding` is the English->German corpus of the Ding
-dictionary's example sentences and the message catalogs, espeak-ng only. docs/quickstart.md
-lists the recipes tried and what each reached.
+(hybrid CTC/attention), a text model on the corpus's pairs whose decoder starts the ST stage,
+and the ST stage (the ASR encoder, with a CTC loss on the source transcript), then evaluates
+both on held-out speakers and sentences (tst-COMMON) and on tst-COMMON's sentences spoken by a
+synthesizer no training utterance uses (festival: tst-unseen-synth), all on a 2-core CPU.
+`:ding` is the English->German corpus of the Ding dictionary's example sentences and the
+message catalogs, espeak-ng only. docs/quickstart.md has what it reaches and the recipes tried.
 
 Layout: 3x(1*local(65)+3*conv(5,2)) 3x(2*local(65)+2*conv(5,2)): thesis v2 at half depth, d=128.
 
@@ -18,11 +18,13 @@ Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
 
 from configs import default
 
-# Updates per stage: the default fits the 20-minute budget on 2 CPU cores, `long` 60 minutes.
+# Updates per stage: the default aims at 20 minutes on 2 CPU cores, `long` at 60.
 UPDATES = {"asr": 4000, "st": 3000}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
 LONG_UPDATES = {"asr": 30000, "st": 6000}
 LONG_EVAL_EVERY = 2000
+MT_UPDATES, LONG_MT_UPDATES = 1000, 2000      # the text stage's, 64 sentence pairs each
+OTHER_SYNTHESIZER_SHARE = 0.5
 
 
 def get_config(arg=None):
@@ -35,19 +37,24 @@ def get_config(arg=None):
   m.d_model, m.ffn_dim, m.conv_channels = 128, 512, 256
   # Three stride-2 convolutions (8x: 12.5 encoder positions a second) instead of fairseq's two:
   # the corpus's speech carries a median of 8.7 ASR pieces a second, and the shorter sequences
-  # learn more per update and run faster (docs/quickstart.md). The 1% of training utterances
+  # learn more per update and run faster (docs/notes/quickstart-ding-recipe-trials.md). The 1% of training utterances
   # with fewer positions than CTC needs add no CTC loss (zero_infinity) and still train the
   # decoder.
   m.conv_kernels, m.conv_strides = (5, 5, 5), (2, 2, 2)
   m.decoder_layers, m.decoder_heads = 2, 4
   # No dropout, no SpecAugment: about five ASR and four ST epochs underfit this corpus
-  # (docs/quickstart.md). :long adds SpecAugment.
+  # (docs/notes/quickstart-ding-recipe-trials.md). :long adds SpecAugment.
   m.dropout = m.attention_dropout = m.activation_dropout = 0.0
   d = config.data
   d.embedded = True
   d.embedded_target, d.pairs = "es", "en-es"
   d.embedded_text = "bible"
   d.embedded_synthesizers, d.embedded_unseen_synthesizer = "espeak,flite", "festival"
+  # Voices beyond espeak-ng's: flite speaks half of the training utterances, every training
+  # voice at four rates and pitches. The unseen synthesizer's WER fell from 56 to 46, the
+  # held-out espeak-ng voices' rose from 22.5 to 29 (docs/quickstart.md).
+  d.embedded_other_synthesizer_share = OTHER_SYNTHESIZER_SHARE
+  d.embedded_speakers_per_variant = 4
   d.extra_test_splits = "tst-unseen-synth"
   d.embedded_speakers_per_sentence = 1
   d.embedded_max_heldout = 300
@@ -71,24 +78,32 @@ def get_config(arg=None):
   # dev BLEU 3.80 against 2.10 without at update 1000 (docs/notes/2026-11-27-recipe-trials.md).
   config.st.ctc_weight = 0.3
   config.st.encoder_init = "best"
+  # The ST decoder starts from a text model's trained on the corpus's (transcript,
+  # translation) pairs: tst-COMMON BLEU 5.26 -> 6.53, tst-unseen-synth 2.80 -> 4.02 on the same
+  # ASR stage (docs/quickstart.md).
+  config.st.decoder_init = "mt"
+  mt = config.mt
+  mt.lr, mt.lr_scheduler, mt.warmup_updates = 3e-3, "polynomial_decay", 100
+  mt.max_updates, mt.batch, mt.eval_every = MT_UPDATES, 64, 500
+  mt.encoder_layers = 2
   e = config.eval
   # The best checkpoint by dev loss (the latest, while the dev loss falls): these runs stop
-  # long before convergence, and averaging the last two measured worse (docs/quickstart.md).
+  # long before convergence, and averaging the last two measured worse (docs/notes/quickstart-ding-recipe-trials.md).
   e.checkpoint = "best"
   e.after_training = True
   e.max_len_b = 60
   e.num_buckets = 1
   # Beam 20: the dev WER of four trained ASR models (two of each variant) fell by 0.2-1.0
-  # against beam 5 (docs/quickstart.md); ST's dev BLEU did not move.
+  # against beam 5 (docs/notes/quickstart-ding-recipe-trials.md); ST's dev BLEU did not move.
   e.beam = 20
   e.score_dev, e.score_dev_beam = True, 5   # dev WER / BLEU on the learning curves
   # Joint CTC/attention decoding of the ASR stage (ESPnet's); 0.2 had the lowest dev WER of
-  # 0.1-0.7 in both variants (docs/quickstart.md). The ST model's CTC head spells the source,
+  # 0.1-0.7 in both variants (docs/notes/quickstart-ding-recipe-trials.md). The ST model's CTC head spells the source,
   # so its search is attention alone.
   e.ctc_weight = 0.2
   # The ASR stage's 20-best rescored with a word trigram LM of the training transcripts whose
   # unigram level backs off to English word frequencies (wordfreq): dev WER fell by 3.3-6.4 in
-  # all four models tried, weight 0.3 the lowest of 0.1-0.6 (docs/quickstart.md). ST's dev BLEU
+  # all four models tried, weight 0.3 the lowest of 0.1-0.6 (docs/notes/quickstart-ding-recipe-trials.md). ST's dev BLEU
   # did not move with a German one, so ST decodes without.
   e.lm_weight, e.lm_stages = 0.3, ("asr",)
   return default.apply_arg(config, arg, {"long": long, "ding": ding})
@@ -98,27 +113,30 @@ def long(config):
   """The 60-minute variant: SpecAugment's "sm" policy (two time masks of under 20% of the
   utterance, two frequency masks of up to 14 bins) in both stages, and more updates. The ASR
   dev WER still falls at 30000 updates; the ST dev loss was lowest at update 6000 in every
-  longer ST stage, so the ST schedule ends there (docs/quickstart.md)."""
+  longer ST stage, so the ST schedule ends there (docs/notes/quickstart-ding-recipe-trials.md)."""
   config.data.specaugment = True
   config.data.specaugment_policy = "sm"
   for stage, updates in LONG_UPDATES.items():
     config[stage].max_updates = updates
     config[stage].eval_every = LONG_EVAL_EVERY
+  config.mt.max_updates = LONG_MT_UPDATES
   config.name += "_long"
   return config
 
 
 def ding(config):
   """English->German: the Ding dictionary's example sentences and the message catalogs (15500 /
-  300 / 300 segments), espeak-ng voices only, no tst-unseen-synth and no ST CTC: the main job
-  before the Bible corpus. Combine with long: `:ding,long`."""
+  300 / 300 segments), espeak-ng voices only, no tst-unseen-synth, no ST CTC and no text stage:
+  the main job before the Bible corpus. Combine with long: `:ding,long`."""
   d = config.data
   d.embedded_target, d.pairs = "de", "en-de"
   d.embedded_text = "catalogs,ding"
   d.embedded_synthesizers, d.embedded_unseen_synthesizer = "espeak", ""
   d.extra_test_splits = ""
+  d.embedded_other_synthesizer_share, d.embedded_speakers_per_variant = 0.0, 1
   d.root = "data/embedded_ding"
   d.prepared_dir = "data/prepared/embedded_ding_en_de"
   config.st.ctc_weight = 0.0
+  config.st.decoder_init = ""
   config.name = config.name.replace("quickstart_v2", "quickstart_v2_ding")
   return config
