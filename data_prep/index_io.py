@@ -44,14 +44,9 @@ def decode_text(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 def save(path: str, columns: dict):
   """Writes the columns (lists or arrays; text columns as UTF-8) atomically."""
-  arrays = {}
-  for name, values in columns.items():
-    if _is_text(values):
-      arrays[name + UTF8], arrays[name + OFFSETS] = encode_text(values)
-    else:
-      arrays[name] = np.asarray(values)
-  np.savez(path + ".tmp.npz", **arrays)
-  os.replace(path + ".tmp.npz", path)
+  builder = ColumnsBuilder()
+  builder.add(columns)
+  builder.save(path)
 
 
 def load(path: str) -> dict[str, np.ndarray]:
@@ -86,7 +81,7 @@ class ColumnsBuilder:
       self.parts.setdefault(name, []).append(part)
 
   def save(self, path: str):
-    """Writes the columns as `save` does, atomically."""
+    """Writes the columns (text as `NAME@utf8` + `NAME@offsets`) atomically."""
     arrays = {}
     for name, parts in self.parts.items():
       if isinstance(parts[0], tuple):

@@ -164,7 +164,9 @@ class TextTrainer:
     self.model_cfg, self.vocab, self.beam = model_cfg, vocab, beam
     self.length_penalty = config.eval.length_penalty
     self.smoothing = config.train.label_smoothing
-    self.tx, _ = make_text_optimizer(config, mt_cfg)
+    # train.py imports this module: its optimizer (the stages' schedules) is imported here.
+    from multiformer_jax.training.train import make_optimizer  # pylint: disable=import-outside-toplevel
+    self.tx, _ = make_optimizer(config.train, mt_cfg)
     model, smoothing, tx = self.model, self.smoothing, self.tx
 
     def train_step(params, opt_state, source, prev, target, step_key):
@@ -221,16 +223,11 @@ class TextTrainer:
     return hypotheses
 
 
-def make_text_optimizer(config, mt_cfg):
-  from multiformer_jax.training.train import make_optimizer  # pylint: disable=import-outside-toplevel
-  return make_optimizer(config.train, mt_cfg)
-
-
 def train_text_model(trainer: TextTrainer, train: TextPairs, dev: TextPairs, mt_cfg, key,
                      seed: int, log: logging.Logger, on_evaluation=None):
   """Trains mt_cfg.max_updates updates of mt_cfg.batch pairs (epochs of shuffled pairs in
-  mt_cfg.num_buckets widths), with the dev perplexity every mt_cfg.eval_every updates -> (the parameters with the lowest dev
-  perplexity, their update, [evaluations])."""
+  mt_cfg.num_buckets widths), with the dev perplexity every mt_cfg.eval_every updates -> (the
+  parameters with the lowest dev perplexity, their update, [evaluations])."""
   init_key, key = jax.random.split(key)
   params, opt_state = trainer.init(init_key, train)
   lengths = train.lengths
