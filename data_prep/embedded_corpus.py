@@ -479,6 +479,10 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
               timing, speaker_id=segment.voice.speaker_id, wav=f"{talk}.wav",
               domain=segment.domain, lang=source, source=segment.source,
               target=segment.target))
+      # Workers that exit on their own remove their espeak-ng data overlay; leaving the block
+      # without this terminates them and leaks one temporary directory each.
+      pool.close()
+      pool.join()
     for split, entries in entries_by_split.items():
       txt = os.path.join(root, "data", split, "txt")
       _atomic_text(os.path.join(txt, f"{split}.{source}"),

@@ -115,6 +115,19 @@ def test_every_voice_gives_the_same_audio_whatever_was_synthesised_before():
     synth.synthesize(text, espeak.Voice("en-us", "nosuch-steady", 160, 40))
 
 
+def test_a_build_leaves_no_synthesizer_files_in_the_temporary_directory(tmp_path, monkeypatch):
+  """Each worker's espeak-ng data overlay is a temporary directory: the workers must exit on
+  their own (not be terminated) for it to be removed."""
+  temp = tmp_path / "tmp"
+  temp.mkdir()
+  monkeypatch.setenv("TMPDIR", str(temp))        # read by the spawned workers
+  spec = embedded_corpus.CorpusSpec(max_sentences=12, train_speakers_per_sentence=1,
+                                    segments_per_talk=6, heldout_fraction=0.3)
+  embedded_corpus.build(str(tmp_path / "corpus"), spec, workers=2, progress=False)
+  assert os.listdir(tmp_path / "corpus")
+  assert os.listdir(temp) == []
+
+
 def test_rebuilding_reuses_a_complete_build(built, monkeypatch):
   a, _ = built
   monkeypatch.setattr(embedded_corpus, "_synthesize_talk", lambda job: pytest.fail("redone"))
