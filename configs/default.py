@@ -196,6 +196,9 @@ def get_config(arg=None):
   e.max_len_b = 200
   e.min_len = 1                # fairseq --min-len: EOS masked before this many tokens
   e.unk_penalty = 0.0          # fairseq --unkpen: subtracted from <unk>'s log-probability
+  e.no_repeat_ngram_size = 0   # fairseq --no-repeat-ngram-size: a token repeating an n-gram of
+                               # the hypothesis is masked; 0 = off, else n >= 2
+  e.no_repeat_ngram_stages = ("st",)   # the stages whose searches block repeats
   e.ctc_weight = 0.0           # joint CTC/attention decoding (ESPnet's decode ctc_weight) for
                                # models with a CTC head (asr.ctc_weight > 0); 0 = attention only
   e.lm_weight = 0.0            # rescore each utterance's n-best (all `beam` hypotheses) with a

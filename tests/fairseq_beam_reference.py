@@ -4,8 +4,8 @@
 statement where it matters (buffers `tokens` [bsz * beam, max_len + 2] and `scores`
 [bsz * beam, max_len + 1], 2 x beam candidates, EOS finalised only from the first beam columns,
 `cands_to_ignore`, finished sentences removed from the batch and the beams reordered, the final
-sort by score). Ensembles, attention, sampling, constraints, n-gram blocking and
-match_source_len are left out.
+sort by score), and `NGramRepeatBlock`'s python path (`no_repeat_ngram_size`). Ensembles,
+attention, sampling, constraints and match_source_len are left out.
 
 Two switches reproduce the toolkit's documented deviations, both off by default (= fairseq):
 `never_select` masks extra token ids like pad (the toolkit masks BOS), and `max_len` may be a
@@ -28,7 +28,7 @@ def _topk(values, k):
 def generate(lprobs_fn, bsz: int, beam_size: int, vocab_size: int, max_len, *, eos: int = 2,
              pad: int = 1, unk: int = 3, min_len: int = 1, len_penalty: float = 1.0,
              normalize_scores: bool = True, unk_penalty: float = 0.0, prefix_tokens=None,
-             never_select=()):
+             never_select=(), no_repeat_ngram_size: int = 0):
   """lprobs_fn(tokens [n, step + 1], sentence ids [n]) -> log-probabilities [n, vocab] for the
   n rows still being decoded (row r is beam r % beam of sentence ids[r]).
 
@@ -72,6 +72,8 @@ def generate(lprobs_fn, bsz: int, beam_size: int, vocab_size: int, max_len, *, e
       lprobs[prefix_mask, prefix_toks[prefix_mask]] = prefix_lprobs[prefix_mask]
     if step < min_len:                        # minimum length (not where a prefix is forced)
       lprobs[~forcing, eos] = -math.inf
+    if no_repeat_ngram_size > 0:
+      lprobs = _no_repeat_ngram(tokens, lprobs, bsz, beam_size, step, no_repeat_ngram_size)
 
     # search.BeamSearch.step
     lp = lprobs.reshape(bsz, beam_size, vocab_size)
@@ -139,6 +141,27 @@ def generate(lprobs_fn, bsz: int, beam_size: int, vocab_size: int, max_len, *, e
     order = np.argsort([-h["score"] for h in hypos], kind="stable")
     finalized[sent] = [hypos[i] for i in order]
   return finalized
+
+
+def _no_repeat_ngram(tokens, lprobs, bsz, beam_size, step, n):
+  """fairseq's NGramRepeatBlock._no_repeat_ngram: every n-gram of each row of the whole
+  `tokens` buffer (the start EOS and the pads after the step included), keyed by its first
+  n - 1 tokens; the row's last n - 1 tokens ban what followed them."""
+  gen_ngrams = [{} for _ in range(bsz * beam_size)]
+  for bbsz_idx in range(bsz * beam_size):
+    gen_tokens = tokens[bbsz_idx].tolist()
+    for ngram in zip(*[gen_tokens[i:] for i in range(n)]):
+      key = ",".join(str(x) for x in ngram[:-1])
+      gen_ngrams[bbsz_idx][key] = gen_ngrams[bbsz_idx].get(key, []) + [ngram[-1]]
+  if step + 2 - n >= 0:
+    banned_tokens = [gen_ngrams[bbsz_idx].get(
+        ",".join(str(x) for x in tokens[bbsz_idx, step + 2 - n:step + 1].tolist()), [])
+                     for bbsz_idx in range(bsz * beam_size)]
+  else:
+    banned_tokens = [[] for _ in range(bsz * beam_size)]
+  for bbsz_idx in range(bsz * beam_size):
+    lprobs[bbsz_idx][np.asarray(banned_tokens[bbsz_idx], np.int64)] = -math.inf
+  return lprobs
 
 
 def _finalize_hypos(step, bbsz_idx, eos_scores, tokens, scores, finalized, finished, beam_size,

@@ -125,16 +125,16 @@ class HashedPrefixDecoder:
 
 
 def search_both(seed, beam, max_len, lenpen=1.0, batch=4, vocab=16, min_len=1, unk_penalty=0.0,
-                prefix=None, eos_slope=0.5):
+                prefix=None, eos_slope=0.5, no_repeat=0, model=None):
   """(ours, fairseq's): n-best lists per utterance as (tokens without EOS, score)."""
-  model = HashedPrefixDecoder(seed, batch, vocab, eos_slope)
+  model = model or HashedPrefixDecoder(seed, batch, vocab, eos_slope)
   step_fn, cache = model.jax_step(beam)
   max_lens = np.asarray(max_len if np.ndim(max_len) else [max_len] * batch)
   max_steps = int(max_lens.max()) + 1
   tokens, scores = jax.jit(lambda c: beam_search(
       step_fn, c, batch, beam, max_steps, jnp.asarray(max_lens), vocab, EOS, PAD, BOS, lenpen,
       None if prefix is None else jnp.asarray(prefix), min_len=min_len, unk_penalty=unk_penalty,
-      nbest=True))(cache)
+      nbest=True, no_repeat_ngram_size=no_repeat))(cache)
   ours = []
   for row_tokens, row_scores in zip(np.asarray(tokens), np.asarray(scores)):
     ours.append([(row_tokens[k][row_tokens[k] != PAD].tolist(), float(row_scores[k]))
@@ -142,7 +142,7 @@ def search_both(seed, beam, max_len, lenpen=1.0, batch=4, vocab=16, min_len=1, u
   finalized = fairseq.generate(
       model.numpy_lprobs, batch, beam, vocab, max_len, eos=EOS, pad=PAD, unk=3,
       min_len=min_len, len_penalty=lenpen, unk_penalty=unk_penalty, prefix_tokens=prefix,
-      never_select=(BOS,))
+      never_select=(BOS,), no_repeat_ngram_size=no_repeat)
   theirs = [[(h["tokens"][:-1].tolist(), h["score"]) for h in hypos] for hypos in finalized]
   return ours, theirs
 
@@ -178,6 +178,58 @@ def test_matches_fairseq_with_prefix_tokens():
     assert all(h[0][:2] == [5, 7] for h in theirs[0])
   single, theirs = search_both(0, 2, 10, prefix=prefix[:, 0])
   assert_same_nbest(single, theirs)
+
+
+class LoopingDecoder(HashedPrefixDecoder):
+  """A first-order decoder that prefers the cycle 4 -> 5 -> 6 -> 4 (plus noise per utterance):
+  unblocked, its hypotheses repeat the cycle's n-grams until EOS wins."""
+
+  def __init__(self, seed: int, batch: int, vocab: int):
+    super().__init__(seed, batch, vocab, eos_slope=0.3)
+    rng = np.random.default_rng(seed)
+    self.bigram = rng.normal(size=(batch, vocab, vocab)).astype(np.float32)
+    for a, b in ((4, 5), (5, 6), (6, 4), (EOS, 4)):
+      self.bigram[:, a, b] += 4.0
+
+  def numpy_lprobs(self, tokens, sentences):
+    logits = self.bigram[sentences, tokens[:, -1]].astype(np.float64)
+    logits[:, EOS] += self.eos_bonus(tokens.shape[1] - 1)
+    logits -= logits.max(axis=1, keepdims=True)
+    return logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+
+  def jax_step(self, beam):
+    bigram = jnp.asarray(np.repeat(self.bigram, beam, axis=0))        # [batch * beam, V, V]
+
+    def step_fn(tokens, i, cache):
+      logits = bigram[cache, tokens[:, 0]].at[:, EOS].add(self.eos_bonus(i))
+      return logits, cache
+    return step_fn, jnp.arange(bigram.shape[0])
+
+
+def _ngrams(tokens, n):
+  """The n-grams of a hypothesis after the start token EOS, as fairseq's block sees them."""
+  row = [EOS] + tokens
+  return [tuple(row[j:j + n]) for j in range(len(row) - n + 1)]
+
+
+@pytest.mark.parametrize("no_repeat", [2, 3])
+def test_matches_fairseq_with_repeated_ngrams_blocked(no_repeat):
+  for seed in range(3):
+    for model in (None, LoopingDecoder(seed, 4, 10)):
+      ours, theirs = search_both(seed, 3, 14, vocab=10, no_repeat=no_repeat, model=model)
+      assert_same_nbest(ours, theirs)
+      for hypos in ours:
+        for tokens, _ in hypos:
+          assert len(_ngrams(tokens, no_repeat)) == len(set(_ngrams(tokens, no_repeat))), tokens
+  unblocked, _ = search_both(0, 3, 14, vocab=10, model=LoopingDecoder(0, 4, 10))
+  best = [hypos[0][0] for hypos in unblocked]
+  assert all(len(set(_ngrams(t, 3))) < len(_ngrams(t, 3)) for t in best), best  # loops
+
+
+def test_a_repeat_block_of_one_token_is_refused():
+  with pytest.raises(ValueError, match=r"no_repeat_ngram_size 1: valid values are 0 \(off\) "
+                                       r"or an n-gram length >= 2"):
+    beam_search(None, None, 1, 2, 4, jnp.array([3]), V, no_repeat_ngram_size=1)
 
 
 def test_eos_outside_the_top_beam_is_not_finalised():

@@ -16,6 +16,7 @@ from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.training import train
 from multiformer_jax.evaluation.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
+from multiformer_jax.evaluation import inference
 
 
 def tiny_config(prepared_dir, **stage):
@@ -185,6 +186,21 @@ def test_averaging_more_checkpoints_than_kept_is_refused_before_training(tmp_pat
   config.eval.checkpoint, config.eval.average_around_best = "around_best", 3
   train.check_checkpoint_retention(config)
   assert train.kept_around_best(config, "asr") == 5 and train.kept_around_best(config, "st") == 3
+
+
+def test_a_repeat_block_that_cannot_work_is_refused_before_training(tmp_path):
+  config = tiny_config(str(tmp_path / "unprepared"))
+  config.eval.no_repeat_ngram_size = 1
+  with pytest.raises(ValueError, match=r"eval.no_repeat_ngram_size=1: valid values are 0 \(off\) "
+                                       r"or an n-gram length >= 2"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  config.eval.no_repeat_ngram_size, config.eval.no_repeat_ngram_stages = 4, ("st", "mt")
+  with pytest.raises(ValueError, match=r"eval.no_repeat_ngram_stages=\('st', 'mt'\); valid: "
+                                       r"stages among"):
+    train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert not os.path.exists(tmp_path / "run")      # nothing written
+  config.eval.no_repeat_ngram_stages = ("st",)       # the ST search blocks, the ASR one not
+  assert [inference.no_repeat_ngram_size(config.eval, s) for s in ("asr", "st")] == [0, 4]
 
 
 def test_polynomial_decay_schedule_is_fairseqs():

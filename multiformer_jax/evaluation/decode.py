@@ -16,6 +16,9 @@ hypotheses (row b * beam + k is beam k of utterance b). The search follows fairs
   unless a prefix token is forced at that step; prefix tokens (fairseq's `--prefix-size`) force
   the first tokens, a pad in the prefix leaves that step free; `unk_penalty` is subtracted from
   the unknown token's log-probability;
+- `no_repeat_ngram_size` n > 0 (fairseq's `--no-repeat-ngram-size`, `NGramRepeatBlock`): a
+  token that would repeat an n-gram already in the hypothesis (the start token included) is
+  masked, after the masking above;
 - the best hypothesis is the finalised one with the highest normalised score.
 
 Deliberate differences from fairseq (tests/test_decode.py checks the search against a
@@ -83,11 +86,27 @@ def _step_log_probs(logits, i, max_lengths, *, vocab, eos_id, pad_id, bos_id, un
   return jnp.where(below_min & is_eos, NEG_INF, logp)
 
 
+def _repeated_ngram_tokens(alive_seq, i, n: int, vocab: int):
+  """fairseq's NGramRepeatBlock at step i: [batch, beam, vocab] True for the tokens that would
+  complete an n-gram already in alive_seq[:, :, :i + 1] (its last n - 1 tokens followed by the
+  token); nothing before step n - 2."""
+  length = alive_seq.shape[2]
+  starts = length - n + 1                                            # n-grams in the buffer
+  keys = jnp.stack([alive_seq[:, :, o:o + starts] for o in range(n - 1)], axis=-1)  # [b,k,S,n-1]
+  follows = alive_seq[:, :, n - 1:]                                  # [b, k, S]
+  suffix = jax.lax.dynamic_slice_in_dim(alive_seq, jnp.maximum(i - n + 2, 0), n - 1, axis=2)
+  within = jnp.arange(starts) + n - 1 <= i                           # the n-gram is generated
+  seen = jnp.all(keys == suffix[:, :, None, :], axis=-1) & within[None, None, :]
+  banned = jax.vmap(jax.vmap(lambda t, m: jnp.zeros(vocab, bool).at[t].max(m)))(follows, seen)
+  return banned
+
+
 def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengths, vocab: int,
                 eos_id: int = 2, pad_id: int = 1, bos_id: int = 0,
                 length_penalty: float = 1.0, prefix_tokens=None, *, min_len: int = 1,
                 unk_id: int = 3, unk_penalty: float = 0.0, mask_bos: bool = True,
-                normalize_scores: bool = True, nbest: bool = False, ctc=None):
+                normalize_scores: bool = True, nbest: bool = False, ctc=None,
+                no_repeat_ngram_size: int = 0):
   """Returns (tokens [batch, max_steps] padded with pad_id, EOS stripped, scores [batch]): the
   best hypothesis of each utterance and its normalised score. With nbest=True, all `beam`
   finalised hypotheses best first: (tokens [batch, beam, max_steps], scores [batch, beam]).
@@ -98,8 +117,13 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
   forced as each hypothesis's first tokens (e.g. a target-language tag; pad = not forced); their
   log-probabilities count in the score, as in fairseq. ctc: optional (log_probs [batch, T,
   vocab] of a CTC head, lengths [batch] valid frames, weight in (0, 1], blank id) for joint
-  CTC/attention decoding.
+  CTC/attention decoding. no_repeat_ngram_size: n > 0 blocks repeated n-grams (0: off).
   """
+  if no_repeat_ngram_size < 0 or no_repeat_ngram_size == 1:
+    # fairseq accepts 1, which bans every token already produced and the start token EOS with
+    # them, so that no hypothesis can end.
+    raise ValueError(f"no_repeat_ngram_size {no_repeat_ngram_size}: valid values are 0 (off) "
+                     "or an n-gram length >= 2")
   if 2 * beam > vocab - 1:
     raise ValueError(f"beam {beam} needs a vocabulary of at least {2 * beam + 1} tokens "
                      f"(2 x beam candidates, pad excluded); this one has {vocab}")
@@ -160,6 +184,9 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
     tokens = alive_seq[:, :, i].reshape(batch * beam, 1)
     logits, cache = step_fn(tokens, i, cache)
     logp = _step_log_probs(logits.reshape(batch, beam, vocab), i, max_lengths, **mask)
+    if no_repeat_ngram_size:
+      logp = jnp.where(_repeated_ngram_tokens(alive_seq, i, no_repeat_ngram_size, vocab),
+                       NEG_INF, logp)
     if ctc is not None:
       logp, ctc_candidates = joint_log_probs(logp, i, alive_seq, ctc_state)
     candidates = (alive_score[:, :, None] + logp).reshape(batch, beam * vocab)

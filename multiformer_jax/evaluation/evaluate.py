@@ -33,7 +33,8 @@ from multiformer_jax.runtime.host_memory import set_up_host_allocator
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
-                                                  make_translate_for, score)
+                                                  make_translate_for, no_repeat_ngram_size,
+                                                  score)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
                                          task_keys, training_pairs)
@@ -173,7 +174,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   lm = lm_settings(config, stage, lm_weight)
   pick = lm_rescorer(config, stage, lm, beam, length_penalty) if lm else None
   translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight,
-                                 nbest=lm is not None)
+                                 nbest=lm is not None, stage=stage)
   search = "fairseq 0.12.2 beam search" + (
       f", joint CTC/attention scores (ctc_weight {ctc_weight})" if ctc_weight else "") + (
       f", n-best rescored with a word {lm['order']}-gram LM (weight {lm['weight']}, unigram "
@@ -198,7 +199,8 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
             "left_out": left_out,
             "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
             "max_len": f"{e.max_len_a} * frames + {e.max_len_b}", "min_len": min_len,
-            "unk_penalty": unk_penalty, "ctc_weight": ctc_weight, "lm": lm, "search": search,
+            "unk_penalty": unk_penalty, "ctc_weight": ctc_weight,
+            "no_repeat_ngram_size": no_repeat_ngram_size(e, stage), "lm": lm, "search": search,
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
@@ -235,8 +237,14 @@ def main(argv=None):
   parser.add_argument("--lm_weight", type=float, default=None,
                       help="weight of the word n-gram LM that rescores the n-best of the stages "
                            "in eval.lm_stages; 0 = none (default: eval.lm_weight)")
+  parser.add_argument("--no_repeat_ngram_size", type=int, default=None,
+                      help="fairseq --no-repeat-ngram-size: no n-gram twice in a hypothesis; "
+                           "0 = off (default: eval.no_repeat_ngram_size)")
   args = parser.parse_args(argv)
   config = ckpt_lib.load_config(args.workdir)
+  if args.no_repeat_ngram_size is not None:
+    with config.unlocked():
+      config.eval.no_repeat_ngram_size = args.no_repeat_ngram_size
   result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
                           args.checkpoint, args.average_last, args.beam, args.lenpen,
                           min_len=args.min_len, ctc_weight=args.ctc_weight,

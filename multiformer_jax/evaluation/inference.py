@@ -20,7 +20,7 @@ from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
                    max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
-                   nbest: bool = False, ctc_weight: float = 0.0):
+                   nbest: bool = False, ctc_weight: float = 0.0, no_repeat_ngram_size: int = 0):
   """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
   [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
   max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
@@ -30,11 +30,15 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   returns every finalised hypothesis, best first: (tokens [batch, beam, steps], scores
   [batch, beam]). ctc_weight > 0: joint CTC/attention decoding with the model's CTC head
   (`decode.beam_search`'s `ctc`); a model without one decodes with attention alone.
+  no_repeat_ngram_size: fairseq's --no-repeat-ngram-size (0: off).
   """
   cfg = model.config
   if not 0.0 <= ctc_weight <= 1.0:
     raise ValueError(f"eval.ctc_weight={ctc_weight}: valid values are in [0, 1] (0 = attention "
                      "alone, ESPnet decodes ASR with 0.3)")
+  if no_repeat_ngram_size < 0 or no_repeat_ngram_size == 1:
+    raise ValueError(f"eval.no_repeat_ngram_size={no_repeat_ngram_size}: valid values are 0 "
+                     "(off) or an n-gram length >= 2 (fairseq's --no-repeat-ngram-size)")
   joint_ctc = ctc_weight > 0 and cfg.ctc_scores_output
   limit = cfg.max_target_positions - 1
   noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
@@ -68,23 +72,41 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
     tokens, scores = decode.beam_search(step_fn, cache, batch, beam, max_steps, max_lengths,
                                         cfg.vocab_size, cfg.eos_id, cfg.pad_id, cfg.bos_id,
                                         length_penalty, prefix, min_len=min_len,
-                                        unk_penalty=unk_penalty, nbest=nbest, ctc=ctc)
+                                        unk_penalty=unk_penalty, nbest=nbest, ctc=ctc,
+                                        no_repeat_ngram_size=no_repeat_ngram_size)
     return (tokens, scores) if nbest else tokens
   return jax.jit(translate)
 
 
+def no_repeat_ngram_size(eval_cfg, stage: str | None) -> int:
+  """eval.no_repeat_ngram_size where `stage` is in eval.no_repeat_ngram_stages (or None), else
+  0: a translation's pieces rarely repeat four in a row where a transcript's may."""
+  stages = eval_cfg.get("no_repeat_ngram_stages", ("st",))
+  stages = (stages,) if isinstance(stages, str) else tuple(stages)
+  if not set(stages) <= set(ip.TASKS):
+    raise ValueError(f"eval.no_repeat_ngram_stages={stages!r}; valid: stages among {ip.TASKS}")
+  size = eval_cfg.get("no_repeat_ngram_size", 0)
+  if size < 0 or size == 1:
+    raise ValueError(f"eval.no_repeat_ngram_size={size}: valid values are 0 (off) or an "
+                     "n-gram length >= 2 (fairseq's --no-repeat-ngram-size)")
+  return size if stage is None or stage in stages else 0
+
+
 def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
                        length_penalty: float | None = None, min_len: int | None = None,
-                       ctc_weight: float | None = None, nbest: bool = False):
+                       ctc_weight: float | None = None, nbest: bool = False,
+                       stage: str | None = None):
   """make_translate with a config's eval.* search settings (beam, length penalty, max_len_a/b,
-  min_len, unk_penalty, ctc_weight); the arguments given replace theirs."""
+  min_len, unk_penalty, ctc_weight, and no_repeat_ngram_size where `stage` is in
+  eval.no_repeat_ngram_stages); the arguments given replace theirs."""
   return make_translate(
       model, beam or eval_cfg.beam,
       eval_cfg.length_penalty if length_penalty is None else length_penalty,
       eval_cfg.max_len_a, eval_cfg.max_len_b,
       eval_cfg.get("min_len", 1) if min_len is None else min_len,
       eval_cfg.get("unk_penalty", 0.0), nbest=nbest,
-      ctc_weight=eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight)
+      ctc_weight=eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight,
+      no_repeat_ngram_size=no_repeat_ngram_size(eval_cfg, stage))
 
 
 def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None) -> float:

@@ -139,7 +139,8 @@ class StageTranslator:
     self.gcmvn = ip.read_gcmvn(d.prepared_dir, summary) if d.cmvn == "global" else None
     lm = lm_settings(config, stage)
     self.pick = lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty) if lm else None
-    self.translate = make_translate_for(self.model, e, beam, nbest=self.pick is not None)
+    self.translate = make_translate_for(self.model, e, beam, nbest=self.pick is not None,
+                                        stage=stage)
 
   def __call__(self, feature_list: list[np.ndarray], frames: int | None = None,
                rows: int | None = None) -> list[str]:

@@ -405,7 +405,7 @@ class DevScorer:
     self.data = dev_data
     self.batcher = ip.Batcher(dev_data, False, tasks=tasks)   # every utterance, this process
     self.beam = e.get("score_dev_beam", 1)
-    self.translate = inference.make_translate_for(model, e, self.beam)
+    self.translate = inference.make_translate_for(model, e, self.beam, stage=stage)
 
   @property
   def metric(self) -> str:
@@ -734,8 +734,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
     raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
                      f"valid stages: {ip.TASKS}")
   check_checkpoint_retention(config)
-  for stage in config.train.stages:         # eval.lm_* refused now, not after training
+  for stage in config.train.stages:         # eval.lm_* and the repeat block refused now
     evaluate.lm_settings(config, stage)
+    inference.no_repeat_ngram_size(config.eval, stage)
   for stage in config.train.stages:         # resolved_eval_every reads what passes here
     if config[stage].eval_every < 1 and config[stage].eval_every != -1:
       raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
