@@ -10,12 +10,14 @@ modules share for these books but for a few verse boundaries).
 A verse becomes a pair when both sides are one to a few sentences a speaker would read: at most
 `max_words` English words, ending in sentence punctuation, no verse-number or bracket residue.
 Markup (Strong's numbers, footnotes, quotation tags) is removed, typography normalised as
-Ding's. The same English text (repeated verses, "And the LORD spake unto Moses, saying,") is
-kept once.
+Ding's, and words printed in capitals (RV1909's chapter openings, "ENTONCES el rey", its
+"JEHOVÁ" and "JAH", inscriptions) take the form the rest of the Bible gives them. The same
+English text (repeated verses, "And the LORD spake unto Moses, saying,") is kept once.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -33,6 +35,12 @@ _UNWANTED = re.compile(r"[\[\]{}<>/\\|\d@#%&*_=+~^$¶]")
 # Reina-Valera 1909 accents the one-letter words ("á su Hijo", "y ó"); today's Spanish does not.
 _OLD_ACCENTS = re.compile(r"\b([áéóú])\b")
 _PLAIN = {"á": "a", "é": "e", "ó": "o", "ú": "u"}
+_WORD = re.compile(r"[^\W\d_]+")
+# The WEB heads each stanza of Psalm 119 with its Hebrew letter ("ALEPH Blessed are ..."); the
+# Spanish verse has no such heading.
+_ACROSTIC_HEADING = re.compile(
+    r"^(?:ALEPH|BETH|GIMEL|DALETH|HE|VAV|ZAYIN|HETH|TETH|YODH|KAPH|KAPF|LAMEDH|MEM|NUN|SAMEKH|"
+    r"AYIN|PE|TZADHE|QOPH|RESH|SHIN|SIN|TAV|TAW) (?=[A-Z])")
 
 
 class BibleUnavailable(debian_packages.PackageUnavailable):
@@ -132,11 +140,36 @@ def sentence_pairs(sword_dir: str, english: str = "web", max_words: int = 20
   return filtered_pairs(verse_pairs(sword_dir, english), max_words)
 
 
+def casing_table(texts) -> dict[str, str]:
+  """A word in capitals -> its most frequent form not in capitals among `texts`."""
+  counts = collections.Counter(word for text in texts for word in _WORD.findall(text)
+                               if not word.isupper())
+  table = {}
+  for word, _ in counts.most_common():
+    table.setdefault(word.upper(), word)
+  return table
+
+
+def truecase(text: str, table: dict[str, str]) -> str:
+  """Words of two or more letters in capitals -> their form in `table` (capitalised where it
+  has none, and where the word opens the text)."""
+  def usual(match):
+    word = match.group(0)
+    if len(word) < 2 or not word.isupper():
+      return word
+    word = table.get(word, word.capitalize())
+    return word[0].upper() + word[1:] if match.start() == _WORD.search(text).start() else word
+  return _WORD.sub(usual, text)
+
+
 def filtered_pairs(verses, max_words: int) -> list[tuple[str, str]]:
-  """(English, Spanish) of the usable verses of [(reference, English, Spanish)], each English
+  """(English, Spanish) of the usable verses of [(reference, English, Spanish)], truecased
+  (`truecase`, each side's words in capitals as the whole of its text has them), each English
   text once (the first)."""
+  tables = [casing_table(v[side] for v in verses) for side in (1, 2)]
   seen, pairs = set(), []
   for _, en, es in verses:
+    en, es = truecase(_ACROSTIC_HEADING.sub("", en), tables[0]), truecase(es, tables[1])
     if en not in seen and usable(en, es, max_words):
       seen.add(en)
       pairs.append((en, es))

@@ -418,6 +418,8 @@ def _spec_json(spec: CorpusSpec) -> str:
       del fields[name]
   if "synthesizers" in fields:
     fields["synthesizers"] = list(fields["synthesizers"])
+  if "bible" in spec.text:       # Bible text of before the capitals were truecased: rebuilt
+    fields["bible_text"] = "truecased"
   return json.dumps(dict(fields, voices=split_variants(spec.seed)), sort_keys=True)
 
 

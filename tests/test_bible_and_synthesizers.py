@@ -62,6 +62,34 @@ def test_verses_are_filtered_and_each_english_text_kept_once():
   assert len(bible.filtered_pairs(verses, max_words=8)) == 2
 
 
+def test_words_printed_in_capitals_take_the_form_the_rest_of_the_text_gives_them():
+  verses = [
+      ("Gen 1:1", "In the beginning, God created the heavens and the earth.",
+       "EN el principio crió Dios los cielos y la tierra."),        # a chapter's opening
+      ("Gen 22:1", "After these things, God tested Abraham.",
+       "Y ACONTECIÓ después de estas cosas, que tentó Dios a Abraham."),
+      ("Gen 39:2", "Yahweh was with Joseph, and he was a prosperous man.",
+       "Mas JEHOVÁ fué con José, y fué varón prosperado."),
+      ("Psa 119:1", "ALEPH Blessed are those whose ways are blameless.",  # an acrostic heading
+       "Bienaventurados los perfectos de camino; y aconteció en el principio."),
+      ("Exo 6:2", "God spoke to Moses, and said to him, \"I am Yahweh.\"",
+       "Habló todavía Dios a Moisés, y díjole: Yo soy JEHOVÁ; Jehová es."),
+      ("Dan 5:25", "This is the writing that was inscribed: MENE, MENE, TEKEL, UPHARSIN.",
+       "Y la escritura que esculpió es: MENE, MENE, TEKEL, UPHARSIN."),
+  ]
+  pairs = bible.filtered_pairs(verses, max_words=20)
+  assert [es for _, es in pairs] == [
+      "En el principio crió Dios los cielos y la tierra.",
+      "Y aconteció después de estas cosas, que tentó Dios a Abraham.",
+      "Mas Jehová fué con José, y fué varón prosperado.",
+      "Bienaventurados los perfectos de camino; y aconteció en el principio.",
+      "Habló todavía Dios a Moisés, y díjole: Yo soy Jehová; Jehová es.",
+      "Y la escritura que esculpió es: Mene, Mene, Tekel, Upharsin."]
+  assert pairs[3][0] == "Blessed are those whose ways are blameless."
+  assert pairs[5][0] == "This is the writing that was inscribed: Mene, Mene, Tekel, Upharsin."
+  assert bible.truecase("NO te jactes", {"NO": "no"}) == "No te jactes"   # opens the verse
+
+
 def test_the_corpus_reads_the_cached_verses_and_holds_out_unseen_sentences(monkeypatch, tmp_path):
   verses = [(f"Gen 1:{i}", f"The verse number {'x' * (i % 9 + 1)} says {'y' * (i // 9 + 1)}.",
              f"El versículo {'x' * (i % 9 + 1)} dice {'y' * (i // 9 + 1)}.") for i in range(240)]
