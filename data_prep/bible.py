@@ -153,12 +153,14 @@ def casing_table(texts) -> dict[str, str]:
 def truecase(text: str, table: dict[str, str]) -> str:
   """Words of two or more letters in capitals -> their form in `table` (capitalised where it
   has none, and where the word opens the text)."""
+  first = _WORD.search(text)
+
   def usual(match):
     word = match.group(0)
     if len(word) < 2 or not word.isupper():
       return word
     word = table.get(word, word.capitalize())
-    return word[0].upper() + word[1:] if match.start() == _WORD.search(text).start() else word
+    return word[0].upper() + word[1:] if match.start() == first.start() else word
   return _WORD.sub(usual, text)
 
 

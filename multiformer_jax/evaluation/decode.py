@@ -86,6 +86,15 @@ def _step_log_probs(logits, i, max_lengths, *, vocab, eos_id, pad_id, bos_id, un
   return jnp.where(below_min & is_eos, NEG_INF, logp)
 
 
+def check_no_repeat_ngram_size(n: int, label: str):
+  """Refuses a repeat block other than 0 (off) or n >= 2, naming it `label`. fairseq accepts 1,
+  which bans every token already produced and the start token EOS with them, so that no
+  hypothesis can end."""
+  if n < 0 or n == 1:
+    raise ValueError(f"{label}: valid values are 0 (off) or an n-gram length >= 2 (fairseq's "
+                     "--no-repeat-ngram-size)")
+
+
 def _repeated_ngram_tokens(alive_seq, i, n: int, vocab: int):
   """fairseq's NGramRepeatBlock at step i: [batch, beam, vocab] True for the tokens that would
   complete an n-gram already in alive_seq[:, :, :i + 1] (its last n - 1 tokens followed by the
@@ -97,8 +106,7 @@ def _repeated_ngram_tokens(alive_seq, i, n: int, vocab: int):
   suffix = jax.lax.dynamic_slice_in_dim(alive_seq, jnp.maximum(i - n + 2, 0), n - 1, axis=2)
   within = jnp.arange(starts) + n - 1 <= i                           # the n-gram is generated
   seen = jnp.all(keys == suffix[:, :, None, :], axis=-1) & within[None, None, :]
-  banned = jax.vmap(jax.vmap(lambda t, m: jnp.zeros(vocab, bool).at[t].max(m)))(follows, seen)
-  return banned
+  return jax.vmap(jax.vmap(lambda t, m: jnp.zeros(vocab, bool).at[t].max(m)))(follows, seen)
 
 
 def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengths, vocab: int,
@@ -119,11 +127,7 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
   vocab] of a CTC head, lengths [batch] valid frames, weight in (0, 1], blank id) for joint
   CTC/attention decoding. no_repeat_ngram_size: n > 0 blocks repeated n-grams (0: off).
   """
-  if no_repeat_ngram_size < 0 or no_repeat_ngram_size == 1:
-    # fairseq accepts 1, which bans every token already produced and the start token EOS with
-    # them, so that no hypothesis can end.
-    raise ValueError(f"no_repeat_ngram_size {no_repeat_ngram_size}: valid values are 0 (off) "
-                     "or an n-gram length >= 2")
+  check_no_repeat_ngram_size(no_repeat_ngram_size, f"no_repeat_ngram_size {no_repeat_ngram_size}")
   if 2 * beam > vocab - 1:
     raise ValueError(f"beam {beam} needs a vocabulary of at least {2 * beam + 1} tokens "
                      f"(2 x beam candidates, pad excluded); this one has {vocab}")

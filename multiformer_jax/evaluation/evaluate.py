@@ -34,7 +34,7 @@ from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
                                                   make_translate_for, no_repeat_ngram_size,
-                                                  score)
+                                                  score, setting_stages)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
                                          task_keys, training_pairs)
@@ -105,10 +105,7 @@ def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
   settings that are not valid, whatever the weight (training checks them before it starts)."""
   e = config.eval
   weight = e.get("lm_weight", 0.0) if weight is None else weight
-  stages = e.get("lm_stages", ("asr",))
-  stages = (stages,) if isinstance(stages, str) else tuple(stages)
-  if not set(stages) <= set(ip.TASKS):
-    raise ValueError(f"eval.lm_stages={stages!r}; valid: stages among {ip.TASKS}")
+  stages = setting_stages(e, "lm_stages", ("asr",))
   if weight < 0:
     raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
   order, unigram = e.get("lm_order", 3), e.get("lm_unigram", "wordfreq")

@@ -36,9 +36,8 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   if not 0.0 <= ctc_weight <= 1.0:
     raise ValueError(f"eval.ctc_weight={ctc_weight}: valid values are in [0, 1] (0 = attention "
                      "alone, ESPnet decodes ASR with 0.3)")
-  if no_repeat_ngram_size < 0 or no_repeat_ngram_size == 1:
-    raise ValueError(f"eval.no_repeat_ngram_size={no_repeat_ngram_size}: valid values are 0 "
-                     "(off) or an n-gram length >= 2 (fairseq's --no-repeat-ngram-size)")
+  decode.check_no_repeat_ngram_size(no_repeat_ngram_size,
+                                    f"eval.no_repeat_ngram_size={no_repeat_ngram_size}")
   joint_ctc = ctc_weight > 0 and cfg.ctc_scores_output
   limit = cfg.max_target_positions - 1
   noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
@@ -78,17 +77,21 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   return jax.jit(translate)
 
 
+def setting_stages(eval_cfg, key: str, default: tuple) -> tuple:
+  """eval.<key>, a stage or a sequence of stages, as a tuple; refuses a name not a stage."""
+  stages = eval_cfg.get(key, default)
+  stages = (stages,) if isinstance(stages, str) else tuple(stages)
+  if not set(stages) <= set(ip.TASKS):
+    raise ValueError(f"eval.{key}={stages!r}; valid: stages among {ip.TASKS}")
+  return stages
+
+
 def no_repeat_ngram_size(eval_cfg, stage: str | None) -> int:
   """eval.no_repeat_ngram_size where `stage` is in eval.no_repeat_ngram_stages (or None), else
   0: a translation's pieces rarely repeat four in a row where a transcript's may."""
-  stages = eval_cfg.get("no_repeat_ngram_stages", ("st",))
-  stages = (stages,) if isinstance(stages, str) else tuple(stages)
-  if not set(stages) <= set(ip.TASKS):
-    raise ValueError(f"eval.no_repeat_ngram_stages={stages!r}; valid: stages among {ip.TASKS}")
+  stages = setting_stages(eval_cfg, "no_repeat_ngram_stages", ("st",))
   size = eval_cfg.get("no_repeat_ngram_size", 0)
-  if size < 0 or size == 1:
-    raise ValueError(f"eval.no_repeat_ngram_size={size}: valid values are 0 (off) or an "
-                     "n-gram length >= 2 (fairseq's --no-repeat-ngram-size)")
+  decode.check_no_repeat_ngram_size(size, f"eval.no_repeat_ngram_size={size}")
   return size if stage is None or stage in stages else 0
 
 
