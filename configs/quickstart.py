@@ -115,11 +115,11 @@ def get_config(arg=None):
 
 
 def long(config):
-  """The 60-minute variant: the main job with three times the ASR updates and seven thirds of
-  the ST updates, still without SpecAugment. With SpecAugment's `sm` masks (16000 + 6000
-  updates, the earlier `:long`) this d=128 model's ASR dev WER after 16000 updates was the main
-  job's after 4000, and the ST stage's masks alone cost 2 tst-COMMON BLEU (4.95 against 6.93
-  with the same ASR stage); docs/notes/2026-11-27-long-without-masks.md."""
+  """The 60-minute variant: the main job with LONG_UPDATES instead of UPDATES, still without
+  SpecAugment. With SpecAugment's `sm` masks (16000 + 6000 updates, the earlier `:long`) this
+  d=128 model's ASR dev WER after 16000 updates was the main job's after 4000, and the ST
+  stage's masks alone cost 2 tst-COMMON BLEU (4.95 against 6.93 with the same ASR stage);
+  docs/notes/2026-11-27-long-without-masks.md."""
   for stage, updates in LONG_UPDATES.items():
     config[stage].max_updates = updates
     config[stage].eval_every = LONG_EVAL_EVERY
