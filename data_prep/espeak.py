@@ -8,8 +8,9 @@ Determinism: most of espeak-ng's voice variants (all its female ones but `shelby
 and roughness, whose phase carries over from one utterance to the next, so the same text gives
 different audio depending on what was synthesised before it. The synthesizer serves *steady*
 copies of such variants (`f2-steady`: the variant with flutter and roughness off) from an
-overlay of the wheel's data directory, and resets the random seed before each utterance, so a
-voice gives the same samples for the same text in any order and any process.
+overlay of the wheel's data directory, and loads the voice and resets the random seed before
+each utterance (a variant's echo, e.g. f5's, would carry over otherwise), so a voice gives the
+same samples for the same text in any order and any process.
 """
 
 import ctypes
@@ -92,7 +93,6 @@ class Synthesizer:
       return 0
     self._callback = _CALLBACK(collect)     # kept alive as long as the synthesizer
     self.lib.espeak_SetSynthCallback(self._callback)
-    self._voice = None
 
   def _add_steady_variant(self, variant: str):
     """Writes `{name}-steady` beside variant `name` in the overlay (once)."""
@@ -111,15 +111,15 @@ class Synthesizer:
       f.write(settings + STEADY_SETTINGS)
 
   def set_voice(self, voice: Voice):
-    if voice == self._voice:
-      return
+    """Loads `voice` afresh, even when it is the current one: loading clears the echo buffer
+    that variants with an `echo` line (f5, Storm, ...) would otherwise carry into the next
+    utterance."""
     if voice.variant.endswith(STEADY_SUFFIX):
       self._add_steady_variant(voice.variant)
     if self.lib.espeak_SetVoiceByName(voice.name.encode()) != 0:
       raise ValueError(f"espeak-ng has no voice {voice.name!r}")
     self.lib.espeak_SetParameter(ESPEAK_RATE, voice.rate, 0)
     self.lib.espeak_SetParameter(ESPEAK_PITCH, voice.pitch, 0)
-    self._voice = voice
 
   def synthesize(self, text: str, voice: Voice) -> np.ndarray:
     """int16 samples at `self.sample_rate`."""
