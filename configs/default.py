@@ -166,9 +166,12 @@ def get_config(arg=None):
   # to the ASR vocabulary): its cross-attention has learned to follow the encoder.
   config.st.carry_decoder_layers = False
   config.st.decoder_init = ""  # "mt": start the ST decoder from the text stage's (below)
+  config.st.targets = "references"   # "mt": learn the text stage's translations of the
+                                     # training transcripts (sequence-level distillation)
 
-  # --- the text stage (only with st.decoder_init="mt"): a text-to-text model on the corpus's
-  # (transcript, translation) pairs whose decoder starts the ST stage's (fairseq's MT recipe)
+  # --- the text stage (only with st.decoder_init="mt" or st.targets="mt"): a text-to-text model
+  # on the corpus's (transcript, translation) pairs whose decoder starts the ST stage's
+  # (fairseq's MT recipe) or whose translations the ST stage learns
   mt = config.mt = ml_collections.ConfigDict()
   mt.lr = 5e-4
   mt.lr_scheduler = "inverse_sqrt"   # or "polynomial_decay", as the stages

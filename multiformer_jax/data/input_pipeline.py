@@ -194,10 +194,7 @@ class SplitData:
     texts = index["source_text" if config.task == "asr" else "target_text"]
     self.prefix = self._lang_tag_ids(index["target_lang"]) if (
         config.target_lang_tag and config.task == "st") else None
-    limit = config.max_target_tokens - (self.prefix is not None)
-    prefixes = [()] * len(texts) if self.prefix is None else [(p,) for p in self.prefix]
-    self.tokens = Ragged(list(p) + self.vocab.encode(str(t))[:limit]
-                         for p, t in zip(prefixes, texts))
+    self.tokens = self._target_tokens(texts)
     self.references = [str(t) for t in texts]
     # The source transcript's ASR pieces (+ EOS in the batch) for ST's source-transcript CTC.
     self.source_tokens = None
@@ -233,6 +230,23 @@ class SplitData:
       part.zip_features = fairseq_data.ZipFeatures(z.zips, z.file_ids[keep], z.offsets[keep],
                                                    z.lengths[keep], z.feature_dim)
     return part
+
+  def with_targets(self, texts) -> "SplitData":
+    """The same split whose targets are `texts` [rows] instead of the prepared ones (e.g. a
+    teacher's translations); `references` stay the prepared texts."""
+    if len(texts) != len(self):
+      raise ValueError(f"{len(texts)} target texts for the {len(self)} rows of split "
+                       f"{self.split!r}")
+    part = copy.copy(self)
+    part.tokens = self._target_tokens(texts)
+    return part
+
+  def _target_tokens(self, texts) -> Ragged:
+    """Each row's target pieces, after its language tag where there is one, cut to
+    max_target_tokens."""
+    limit = self.config.max_target_tokens - (self.prefix is not None)
+    prefixes = [()] * len(texts) if self.prefix is None else [(p,) for p in self.prefix]
+    return Ragged(list(p) + self.vocab.encode(str(t))[:limit] for p, t in zip(prefixes, texts))
 
   def _lang_tag_ids(self, target_langs) -> np.ndarray:
     ids = {}

@@ -7,10 +7,17 @@ decoder (embeddings, layers, output projection) from the text model's instead of
 values, as ESPnet-ST and fairseq's speech-to-text recipes do with a pre-trained MT decoder. The
 targets are the ST stage's own (its vocabulary, language tag and length cap).
 
+With `st.targets="mt"` the ST stage trains on the text model's beam translations of the training
+transcripts instead of the references (sequence-level knowledge distillation, Kim & Rush 2016;
+for ST: Liu et al. 2019, Gaido et al. 2020): simpler, more consistent targets for a student that
+hears the source. Pairs whose transcript the text model saw cut, and empty translations, keep
+their reference.
+
 The stage writes {workdir}/mt/: params.msgpack (the parameters with the lowest dev
 perplexity), log.jsonl (its evaluations) and DONE.json (its summary, with the dev BLEU of those
-parameters: what the pairs teach a decoder of this size). It is short and keeps no
-checkpoints: a run stopped during it starts it again.
+parameters: what the pairs teach a decoder of this size); with distillation also
+distilled_train.npz (row, id, target_text) and distilled.json (its summary). It is short and
+keeps no checkpoints: a run stopped during it starts it again.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from data_prep import index_io
 from data_prep.vocab import EOS_ID, PAD_ID
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
@@ -39,12 +47,26 @@ from multiformer_jax.model.text_model import TextToText, text_model_config
 STAGE = "mt"
 PARAMS = "params.msgpack"
 DONE = "DONE.json"
+DISTILLED = "distilled_train.npz"
+DISTILLED_DONE = "distilled.json"
+TARGETS = ("references", STAGE)   # st.targets: the prepared translations, or the text model's
 DECODE_ROWS = 100            # sentences per beam-search batch (one compiled shape)
 
 
-def wanted(config) -> bool:
-  """Whether the run trains a text stage: its ST stage starts the decoder from one."""
+def starts_decoder(config) -> bool:
+  """Whether the ST stage starts its decoder from the text stage's."""
   return "st" in config.train.stages and config.st.get("decoder_init", "") == STAGE
+
+
+def distilling(config) -> bool:
+  """Whether the ST stage trains on the text stage's translations (st.targets="mt")."""
+  return "st" in config.train.stages and config.st.get("targets", TARGETS[0]) == STAGE
+
+
+def wanted(config) -> bool:
+  """Whether the run trains a text stage: its ST stage starts the decoder from one, or learns
+  its translations."""
+  return starts_decoder(config) or distilling(config)
 
 
 def check_config(config, prepared: bool = False):
@@ -54,20 +76,25 @@ def check_config(config, prepared: bool = False):
   if init not in ("", STAGE):
     raise ValueError(f"st.decoder_init={init!r}; valid: '' (a fresh decoder) or 'mt' (the "
                      f"text stage's)")
+  targets = config.st.get("targets", TARGETS[0])
+  if targets not in TARGETS:
+    raise ValueError(f"st.targets={targets!r}; valid: 'references' (the prepared translations) "
+                     f"or 'mt' (the text stage's translations: sequence-level distillation)")
   if not wanted(config):
     return
+  setting = "st.decoder_init='mt'" if starts_decoder(config) else "st.targets='mt'"
   if config.mt.max_updates < 1 or config.mt.batch < 1:
-    raise ValueError(f"st.decoder_init='mt' trains a text stage: mt.max_updates="
+    raise ValueError(f"{setting} trains a text stage: mt.max_updates="
                      f"{config.mt.max_updates} and mt.batch={config.mt.batch} must be >= 1")
-  if config.st.get("carry_decoder_layers", False):
+  if starts_decoder(config) and config.st.get("carry_decoder_layers", False):
     raise ValueError("st.carry_decoder_layers and st.decoder_init='mt' both set the ST "
                      "decoder's layers; choose one")
   tags = experiment.stack_task_tags(config.model)
   if any(tags.values()):
-    raise ValueError(f"st.decoder_init='mt' needs a model without task-keyed stacks (model "
+    raise ValueError(f"{setting} needs a model without task-keyed stacks (model "
                      f"task tags {tags}): the text model has no task ids")
   if prepared and "asr" not in ip.read_summary(config.data.prepared_dir)["vocab"]:
-    raise ValueError(f"st.decoder_init='mt': {config.data.prepared_dir} has no ASR vocabulary "
+    raise ValueError(f"{setting}: {config.data.prepared_dir} has no ASR vocabulary "
                      f"for the source transcripts the text model reads")
 
 
@@ -268,13 +295,11 @@ def run_text_stage(config, workdir: str, log: logging.Logger) -> dict:
   dev_data = split_data(config, config.data.dev_split)
   length = mt.length or pair_length(train_data, mt.max_length)
   train, dev = text_pairs(train_data, length), text_pairs(dev_data, length)
-  st_model_cfg = experiment.model_config_for(config, train_data.vocab.size, None, "st")
-  model_cfg = text_model_config(st_model_cfg, mt.encoder_layers, mt.dropout)
-  source_vocab = int(train_data.summary["vocab"]["asr"]["size"])
-  trainer = TextTrainer(config, model_cfg, source_vocab, train_data.vocab, mt, mt.beam)
+  trainer = make_trainer(config, train_data)
   log.info("stage mt: %d train / %d dev pairs of <= %d pieces a side (%d / %d cut), %d "
            "updates of %d pairs, text encoder %s", len(train), len(dev), length,
-           train.truncated, dev.truncated, mt.max_updates, mt.batch, model_cfg.encoder_layout)
+           train.truncated, dev.truncated, mt.max_updates, mt.batch,
+           trainer.model_cfg.encoder_layout)
   log_path = os.path.join(stage_dir, "log.jsonl")
   if primary and os.path.exists(log_path):
     os.remove(log_path)                       # a stage stopped before: it starts again
@@ -305,6 +330,80 @@ def run_text_stage(config, workdir: str, log: logging.Logger) -> dict:
   return summary
 
 
+def make_trainer(config, data: ip.SplitData) -> TextTrainer:
+  """The text stage's model (the ST decoder's shapes, config.mt's text encoder and dropout)
+  with its update and beam search."""
+  st_model_cfg = experiment.model_config_for(config, data.vocab.size, None, "st")
+  model_cfg = text_model_config(st_model_cfg, config.mt.encoder_layers, config.mt.dropout)
+  return TextTrainer(config, model_cfg, int(data.summary["vocab"]["asr"]["size"]), data.vocab,
+                     config.mt, config.mt.beam)
+
+
+def _read_params(workdir: str):
+  path = os.path.join(workdir, STAGE, PARAMS)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} does not exist: the text stage did not finish (rerun the "
+                            f"same command to train it)")
+  with open(path, "rb") as f:
+    return flax.serialization.msgpack_restore(f.read())
+
+
+def distil_training_targets(config, workdir: str, log: logging.Logger) -> dict:
+  """Translates the training split's transcripts with the text stage's parameters (beam
+  mt.beam) into {workdir}/mt/distilled_train.npz, once -> the summary (distilled.json)."""
+  stage_dir = os.path.join(workdir, STAGE)
+  done_path = os.path.join(stage_dir, DISTILLED_DONE)
+  if os.path.exists(done_path):
+    with open(done_path, encoding="utf-8") as f:
+      return json.load(f)
+  with open(os.path.join(stage_dir, DONE), encoding="utf-8") as f:
+    length = json.load(f)["length"]              # the text model's source width
+  start = time.time()
+  data = split_data(config, config.data.train_split)
+  pairs = text_pairs(data, length)
+  translations = make_trainer(config, data).translations(_read_params(workdir), pairs)
+  source_cut = data.source_tokens.lengths > length - 1
+  empty = np.array([not t.strip() for t in translations])
+  keep_reference = source_cut | empty
+  targets = [r if keep else t
+             for t, r, keep in zip(translations, pairs.references, keep_reference)]
+  summary = {"pairs": len(pairs), "source_cut": int(source_cut.sum()), "empty": int(empty.sum()),
+             "beam": config.mt.beam,
+             "bleu_against_references": corpus_bleu(translations, pairs.references)["bleu"],
+             "wall_s": round(time.time() - start, 1)}
+  if jax.process_index() == 0:
+    index_io.save(os.path.join(stage_dir, DISTILLED), {
+        "row": data.rows, "id": list(map(str, data.ids)), "target_text": targets})
+    _atomic_write(done_path, json.dumps(summary, indent=1).encode())
+  log.info("stage mt: translated the %d training transcripts in %.0f s (BLEU against the "
+           "references %.2f); %d keep their reference (%d cut, %d empty)", len(pairs),
+           summary["wall_s"], summary["bleu_against_references"], int(keep_reference.sum()),
+           summary["source_cut"], summary["empty"])
+  return summary
+
+
+def with_distilled_targets(data: ip.SplitData, workdir: str, log: logging.Logger
+                           ) -> ip.SplitData:
+  """The training split with the text stage's translations as its targets."""
+  path = os.path.join(workdir, STAGE, DISTILLED)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"st.targets='mt' but {path} does not exist: the text stage did "
+                            f"not finish (rerun the same command)")
+  columns = index_io.load(path)
+  # Keyed by the prepared split's row: an utterance id can recur across language pairs.
+  by_row = {int(r): (str(i), t) for r, i, t in
+            zip(columns["row"], columns["id"], columns["target_text"])}
+  missing = [str(i) for r, i in zip(data.rows, data.ids)
+             if by_row.get(int(r), ("",))[0] != str(i)]
+  if missing:
+    raise ValueError(f"{path} has no translation for {len(missing)} of the {len(data)} "
+                     f"training utterances (first: {missing[0]!r}): it was made from other "
+                     f"prepared data; delete {os.path.dirname(path)} to train the text stage "
+                     f"again")
+  log.info("ST targets: the text stage's translations (%s)", path)
+  return data.with_targets([by_row[int(r)][1] for r in data.rows])
+
+
 def _atomic_write(path: str, data: bytes):
   with open(path + ".tmp", "wb") as f:
     f.write(data)
@@ -315,11 +414,7 @@ def carry_decoder(params, workdir: str, log: logging.Logger):
   """ST init: every decoder tensor from the text stage's parameters; shapes must fit."""
   from multiformer_jax.training.train import copy_tensors  # pylint: disable=import-outside-toplevel
   path = os.path.join(workdir, STAGE, PARAMS)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"st.decoder_init='mt' but {path} does not exist: the text stage "
-                            f"did not finish (rerun the same command to train it)")
-  with open(path, "rb") as f:
-    text = flax.serialization.msgpack_restore(f.read())
+  text = _read_params(workdir)
   flat, restored, mismatched = copy_tensors(
       params, {"decoder": text["decoder"]}, lambda name: name.startswith("decoder/"),
       ("text model", "ST"))

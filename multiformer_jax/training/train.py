@@ -436,6 +436,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     return summary
   scfg = config[stage]
   train_data = ip.SplitData(pipeline_config(config, stage), config.data.train_split)
+  if stage == "st" and text_stage.distilling(config):
+    train_data = text_stage.with_distilled_targets(train_data, workdir, log)
   dev_data = ip.SplitData(pipeline_config(config, stage, "dev"), config.data.dev_split)
   tasks = task_keys(config, stage)
   dev_data, unknown = known_task_rows(dev_data, tasks)
@@ -483,7 +485,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
       log.info("ST encoder from the ASR stage: %s", which)
       state = state.replace(params=carry_from_asr(state.params, asr_params, log,
                                                   scfg.get("carry_decoder_layers", False)))
-    if stage == "st" and text_stage.wanted(config):
+    if stage == "st" and text_stage.starts_decoder(config):
       state = state.replace(params=text_stage.carry_decoder(state.params, workdir, log))
   if scfg.get("train_only", ""):
     trained, total = trained_values(state.params, scfg, stage)
@@ -754,6 +756,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
   for stage in config.train.stages:
     if stage == "st" and text_stage.wanted(config):
       results[text_stage.STAGE] = {"train": text_stage.run_text_stage(config, workdir, log)}
+      if text_stage.distilling(config):
+        results[text_stage.STAGE]["distilled"] = text_stage.distil_training_targets(
+            config, workdir, log)
     results[stage] = {"train": run_stage(config, stage, workdir, dp)}
   if config.eval.after_training and jax.process_index() == 0:
     splits = evaluated_splits(config)
