@@ -173,6 +173,8 @@ def test_the_st_stage_can_learn_the_text_stages_translations(prepared, tmp_path,
     text_stage.with_distilled_targets(data, workdir, LOG)
   with pytest.raises(FileNotFoundError, match="st.targets='mt'"):
     text_stage.with_distilled_targets(data, str(tmp_path / "elsewhere"), LOG)
+  with pytest.raises(ValueError, match=f"2 target texts for the {len(data)} rows of split"):
+    data.with_targets(["uno", "dos"])
 
 
 @pytest.mark.parametrize("change, message", [
