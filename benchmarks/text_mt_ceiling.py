@@ -29,9 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import machine  # noqa: E402
 from data_prep.cli_errors import load_config_file  # noqa: E402
-from multiformer_jax import experiment  # noqa: E402
 from multiformer_jax.evaluation.metrics import corpus_bleu  # noqa: E402
-from multiformer_jax.model.text_model import text_model_config  # noqa: E402
 from multiformer_jax.training import text_stage  # noqa: E402
 
 
@@ -64,17 +62,15 @@ def main(argv=None):
   mt.lr, mt.lr_scheduler = st.lr, st.lr_scheduler
   mt.warmup_updates = min(st.warmup_updates, args.updates // 2)
   mt.max_updates, mt.eval_every, mt.batch = args.updates, args.eval_every, args.batch
-  beam = args.beam or config.eval.beam
+  mt.encoder_layers, mt.dropout = args.encoder_layers, args.dropout
+  beam = mt.beam = args.beam or config.eval.beam
   data = {name: text_stage.split_data(config, name)
           for name in ("train", config.data.dev_split, test_split)}
   train, dev, test = (text_stage.text_pairs(data[name], args.length)
                       for name in ("train", config.data.dev_split, test_split))
   vocab = data["train"].vocab
-  model_cfg = text_model_config(
-      experiment.model_config_for(config, vocab.size, None, "st"), args.encoder_layers,
-      args.dropout)
-  source_vocab = int(data["train"].summary["vocab"]["asr"]["size"])
-  trainer = text_stage.TextTrainer(config, model_cfg, source_vocab, vocab, mt, beam)
+  trainer = text_stage.make_trainer(config, data["train"])     # the text stage's model
+  model_cfg, source_vocab = trainer.model_cfg, trainer.model.source_vocab
   params, best_update, evaluations = text_stage.train_text_model(
       trainer, train, dev, mt, jax.random.PRNGKey(args.seed), args.seed, log,
       lambda evaluation: print(json.dumps(evaluation), flush=True))
