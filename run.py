@@ -106,6 +106,7 @@ def run_main(argv):
 if __name__ == "__main__":
   check_config_overrides(sys.argv[1:])
   from multiformer_jax.runtime import host_memory  # re-executes with huge pages where that helps
+  host_memory.fetch_tcmalloc()   # once into the user's cache, where the system has no tcmalloc
   host_memory.set_up_host_allocator()
   from multiformer_jax.runtime.xla_flags import add_default_xla_flags
   add_default_xla_flags()

@@ -85,6 +85,7 @@ def test_describes_the_allocator_for_the_logs():
   line = host_memory.describe({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
   assert line.startswith("glibc malloc, GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
   assert "apt install libtcmalloc-minimal4" in line and "MULTIFORMER_TCMALLOC=0" in line
+  assert f"run.py fetches it into {host_memory.library_cache()}" in line
   assert host_memory.describe({}).startswith("glibc malloc, no huge pages")
 
 
@@ -94,6 +95,73 @@ def test_finds_tcmalloc_in_the_library_directories(tmp_path):
   assert host_memory.find_tcmalloc([str(tmp_path)]) == str(tmp_path / "libtcmalloc.so.4")
   (tmp_path / "libtcmalloc_minimal.so.4").write_bytes(b"")            # the minimal one first
   assert host_memory.find_tcmalloc([str(tmp_path)]) == str(tmp_path / "libtcmalloc_minimal.so.4")
+
+
+def test_finds_the_library_fetched_into_the_cache(monkeypatch, tmp_path):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  cache = tmp_path / "multiformer_jax" / "libraries"
+  assert host_memory.library_cache() == str(cache)
+  library = cache / "libtcmalloc-minimal4" / "usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
+  monkeypatch.setattr(host_memory, "LIBRARY_DIRS", (str(tmp_path / "system"),))  # none there
+  assert host_memory.find_tcmalloc() is None
+  library.parent.mkdir(parents=True)
+  library.write_bytes(b"")
+  assert host_memory.find_tcmalloc() == str(library)
+  (tmp_path / "system").mkdir()
+  (tmp_path / "system" / "libtcmalloc.so.4").write_bytes(b"")        # the system's comes first
+  assert host_memory.find_tcmalloc() == str(tmp_path / "system" / "libtcmalloc.so.4")
+
+
+def _stand_in_apt(bin_dir, calls):
+  """apt-get and dpkg-deb on PATH: `apt-get download` writes a .deb and logs the call to
+  `calls`; `dpkg-deb -x DEB DIR` unpacks a tcmalloc library into DIR."""
+  scripts = {
+      "apt-get": f"""import sys
+open({str(calls)!r}, "a").write(" ".join(sys.argv[1:]) + "\\n")
+open(sys.argv[2] + "_2.10-1_amd64.deb", "wb").write(b"deb")""",
+      "dpkg-deb": """import os, sys
+target = os.path.join(sys.argv[3], "usr/lib/x86_64-linux-gnu")
+os.makedirs(target)
+open(os.path.join(target, "libtcmalloc_minimal.so.4"), "wb").write(b"")"""}
+  bin_dir.mkdir()
+  for name, body in scripts.items():
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\n{body}\n")
+    path.chmod(0o755)
+
+
+def test_fetches_tcmalloc_once_into_the_cache(monkeypatch, tmp_path):
+  calls = tmp_path / "apt-calls"
+  _stand_in_apt(tmp_path / "bin", calls)
+  monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+  monkeypatch.setattr(host_memory, "LIBRARY_DIRS", (str(tmp_path / "system"),))
+  cache, said = str(tmp_path / "cache"), []
+  expected = os.path.join(cache, "libtcmalloc-minimal4", "usr/lib/x86_64-linux-gnu",
+                          "libtcmalloc_minimal.so.4")
+  for environ in ({"MULTIFORMER_TCMALLOC": "0"}, {"LD_PRELOAD": "/opt/libtcmalloc.so"}):
+    assert host_memory.fetch_tcmalloc(environ, cache, said.append) is None   # nothing wanted
+  assert not calls.exists() and not os.path.exists(cache)
+  if not sys.platform.startswith("linux"):
+    return
+  assert host_memory.fetch_tcmalloc({}, cache, said.append) == expected
+  assert host_memory.fetch_tcmalloc({}, cache, said.append) == expected     # from the cache
+  assert calls.read_text() == "download libtcmalloc-minimal4\n" and said == []
+  # What the entry points preload is then the fetched library.
+  preload = host_memory.tcmalloc_environment({}, host_memory.find_tcmalloc(
+      host_memory.cached_library_dirs(cache)))
+  assert preload["LD_PRELOAD"] == expected
+
+
+def test_without_apt_the_run_goes_on_with_glibc_and_says_why(monkeypatch, tmp_path):
+  if not sys.platform.startswith("linux"):
+    pytest.skip("tcmalloc is fetched on Linux only")
+  monkeypatch.setattr(host_memory, "LIBRARY_DIRS", (str(tmp_path / "system"),))
+  monkeypatch.setenv("PATH", str(tmp_path / "empty"))                  # no apt-get, no dpkg-deb
+  said = []
+  assert host_memory.fetch_tcmalloc({}, str(tmp_path / "cache"), said.append) is None
+  assert len(said) == 1 and said[0].startswith("tcmalloc not preloaded, glibc's malloc instead")
+  assert "apt-get and dpkg-deb not found" in said[0] and "libtcmalloc-minimal4" in said[0]
+  assert "MULTIFORMER_TCMALLOC=0" in said[0]
 
 
 SCRIPT = """

@@ -14,8 +14,9 @@ glibc still maps XLA's largest block of each step afresh: a block above the mmap
 that a worker thread's arena cannot hold, for instance the quickstart update's 103 MiB of
 temporaries, is mmapped, faulted in and unmapped at every step. gperftools' tcmalloc keeps such
 blocks for the next step: where its library is installed (Debian/Ubuntu:
-`apt install libtcmalloc-minimal4`), the entry points preload it, and the quickstart's CPU update
-runs 1.11x faster, an s2t_transformer_s update 1.08x (docs/benchmarks.md). glibc's tunables that
+`apt install libtcmalloc-minimal4`) or `run.py` has unpacked Debian's package into the user's
+cache without root (`fetch_tcmalloc`), the entry points preload it, and the quickstart's CPU
+update runs 1.11x faster, an s2t_transformer_s update 1.08x (docs/benchmarks.md). glibc's tunables that
 would keep the block (one arena, no mmap) serialise the threads on one lock and run slower.
 
 Both settings are read when the process starts, so `set_up_host_allocator()` re-executes the
@@ -30,14 +31,17 @@ concern host memory there.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 OPT_OUT_VARIABLE = "MULTIFORMER_HUGE_PAGES"   # "0": leave glibc's tunables alone
 TCMALLOC_OPT_OUT_VARIABLE = "MULTIFORMER_TCMALLOC"   # "0": do not preload tcmalloc
 TUNABLE = "glibc.malloc.hugetlb=1"
 TCMALLOC_LIBRARIES = ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4")
+TCMALLOC_PACKAGE = "libtcmalloc-minimal4"     # Debian's, unpacked by fetch_tcmalloc
 LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64",
                 "/usr/lib", "/usr/local/lib")
+PACKAGE_LIBRARY_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu")   # Debian's
 # gperftools reports every allocation above 1 GiB on stderr; XLA's temporaries often are.
 TCMALLOC_QUIET = {"TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD": str(2 ** 62)}
 MIN_GLIBC = (2, 35)                            # first glibc with glibc.malloc.hugetlb
@@ -80,14 +84,62 @@ def huge_page_environment(environ, glibc: tuple[int, int] | None,
   return {**environ, "GLIBC_TUNABLES": ":".join(filter(None, (tunables, TUNABLE)))}
 
 
-def find_tcmalloc(directories=LIBRARY_DIRS) -> str | None:
-  """The path of the system's tcmalloc library (gperftools), None where there is none."""
+def library_cache() -> str:
+  """Where `fetch_tcmalloc` unpacks Debian's package: beside the embedded corpus's packages
+  (~/.cache/multiformer_jax/libraries, under XDG_CACHE_HOME where that is set)."""
+  from data_prep import po_text  # pylint: disable=import-outside-toplevel
+  return os.path.join(os.path.dirname(po_text.default_wheel_cache()), "libraries")
+
+
+def cached_library_dirs(cache: str | None = None) -> tuple[str, ...]:
+  """The library folders of the package unpacked in `cache` (default: library_cache())."""
+  root = os.path.join(cache or library_cache(), TCMALLOC_PACKAGE)
+  return tuple(os.path.join(root, directory) for directory in PACKAGE_LIBRARY_DIRS)
+
+
+def find_tcmalloc(directories=None) -> str | None:
+  """The path of a tcmalloc library (gperftools): the system's, else the one fetch_tcmalloc
+  unpacked; None where there is none."""
+  if directories is None:
+    directories = LIBRARY_DIRS + cached_library_dirs()
   for directory in directories:
     for name in TCMALLOC_LIBRARIES:
       path = os.path.join(directory, name)
       if os.path.isfile(path):
         return path
   return None
+
+
+def fetch_tcmalloc(environ=os.environ, cache: str | None = None, log=None) -> str | None:
+  """The tcmalloc library to preload, unpacking Debian's libtcmalloc-minimal4 into `cache`
+  (default: library_cache(); apt-get download + dpkg-deb -x, no root) where the system has
+  none. None where nothing is to be preloaded: not Linux, opted out (MULTIFORMER_TCMALLOC=0),
+  LD_PRELOAD already naming a tcmalloc, or the package cannot be had, which one line on stderr
+  (or `log`) names; the run then goes on with glibc's malloc."""
+  if (not sys.platform.startswith("linux") or environ.get(TCMALLOC_OPT_OUT_VARIABLE, "1") == "0"
+      or "tcmalloc" in environ.get("LD_PRELOAD", "")):
+    return None
+  cache = cache or library_cache()
+  directories = LIBRARY_DIRS + cached_library_dirs(cache)
+  found = find_tcmalloc(directories)
+  if found:
+    return found
+  from data_prep import debian_packages  # pylint: disable=import-outside-toplevel
+  try:
+    debian_packages.fetch(TCMALLOC_PACKAGE, cache)
+    problem = (f"{TCMALLOC_PACKAGE} unpacked into {cache} holds none of "
+               f"{', '.join(TCMALLOC_LIBRARIES)}")
+  except (debian_packages.PackageUnavailable, OSError, subprocess.SubprocessError) as error:
+    problem = str(error)
+  found = find_tcmalloc(directories)   # another process may have unpacked it meanwhile
+  if found is None:
+    (log or _warn)(f"tcmalloc not preloaded, glibc's malloc instead (the quickstart's CPU update "
+                   f"runs about 1.1x slower; {TCMALLOC_OPT_OUT_VARIABLE}=0 skips this): {problem}")
+  return found
+
+
+def _warn(line: str) -> None:
+  print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
 
 def tcmalloc_environment(environ, tcmalloc: str | None) -> dict | None:
@@ -119,7 +171,8 @@ def describe(environ=os.environ) -> str:
   if preload:
     return f"tcmalloc ({preload})"
   return (f"glibc malloc, {huge} (tcmalloc would be preloaded where installed: "
-          f"apt install libtcmalloc-minimal4; opt out: {TCMALLOC_OPT_OUT_VARIABLE}=0)")
+          f"apt install {TCMALLOC_PACKAGE}, or run.py fetches it into {library_cache()}; "
+          f"opt out: {TCMALLOC_OPT_OUT_VARIABLE}=0)")
 
 
 def set_up_host_allocator() -> None:
