@@ -248,6 +248,9 @@ def stage_config(lr):
   s.init_from_average = 10     # checkpoints averaged by average / around_best
   s.train_only = ""            # comma-separated substrings of parameter names to train (e.g.
                                # "adapters_"); the others are frozen. '' = train everything
+  s.frozen = ""                # comma-separated substrings of parameter names kept fixed (e.g.
+                               # "encoder/subsample", the conv subsampler); their gradients
+                               # are not computed. '' = none
   return s
 
 

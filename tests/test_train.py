@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 
+import flax
 import jax
 import ml_collections
 import numpy as np
@@ -296,6 +297,56 @@ def tiny_update_setup():
            "targets": rng.integers(3, 11, size=(4, 5)).astype(np.int32),
            "weights": np.array([1, 1, 1, 0], np.float32)}
   return config, build_model(config), batch
+
+
+def test_frozen_parameters_stay_fixed_and_their_backward_is_not_computed():
+  """{stage}.frozen=encoder/subsample: the subsampler keeps its values, the rest gets the update
+  it gets when the subsampler's gradients are computed and thrown away, and the step no longer
+  holds the subsampler's backward convolutions (two kernels and one input gradient)."""
+  from multiformer_jax.training.parallel import DataParallel
+  config, model, batch = tiny_update_setup()
+  config.asr.frozen = "encoder/subsample"
+  tx, schedule = train.make_optimizer(config.train, config.asr)    # zeroes their gradients
+  flat = lambda params: flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
+  initial = flat(train.create_state(model, tx, jax.random.PRNGKey(0)).params)
+  after, convolutions = {}, {}
+  for name, trained in (("computed", None), ("skipped", train.trained_predicate(config.asr))):
+    step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1, trained=trained)
+    state = train.create_state(model, tx, jax.random.PRNGKey(0))
+    convolutions[name] = step.lower(state, batch, True, True).as_text().count(
+        "stablehlo.convolution")
+    for _ in range(2):
+      state, _ = step(state, batch, True, True)
+    after[name] = flat(state.params)
+  subsampler = [n for n in initial if n.startswith("encoder/subsample/")]
+  assert len(subsampler) == 4 and len(config.model.conv_kernels) == 2
+  for name, value in initial.items():
+    for run in after.values():
+      if name in subsampler:
+        np.testing.assert_array_equal(run[name], value, err_msg=name)
+    np.testing.assert_allclose(after["skipped"][name], after["computed"][name], rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+  assert max(float(np.abs(after["skipped"][n] - initial[n]).max())
+             for n in initial if n not in subsampler) > 1e-4
+  assert convolutions == {"computed": 5, "skipped": 2}, convolutions
+  assert not train.trained_predicate(config.asr)("encoder/subsample/conv_layers_0/kernel")
+  assert train.trained_predicate(config.asr)("encoder/layers_0/fc1/kernel")
+
+
+def test_frozen_must_name_a_parameter_and_leave_one_to_train():
+  config, model, _ = tiny_update_setup()
+  params = train.init_params(model, jax.random.PRNGKey(0))
+  config.asr.frozen = "encoder/subsampler"
+  with pytest.raises(ValueError, match=r"asr.frozen='encoder/subsampler' names no parameter of "
+                                       r"this model; its parameters are under: .*encoder/subsample"):
+    train.trained_values(params, config.asr, "asr")
+  config.asr.frozen = "encoder,decoder,ctc"
+  with pytest.raises(ValueError, match=r"leave no parameter to train"):
+    train.trained_values(params, config.asr, "asr")
+  config.asr.frozen = "encoder/subsample"
+  trained, total = train.trained_values(params, config.asr, "asr")
+  subsampler = sum(v.size for v in jax.tree_util.tree_leaves(params["encoder"]["subsample"]))
+  assert trained == total - subsampler
 
 
 def test_accumulated_micro_batches_give_the_update_of_their_union():

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import flax
 import jax
@@ -102,8 +102,7 @@ def make_schedule(stage_cfg):
 
 def make_optimizer(train_cfg, stage_cfg):
   schedule = make_schedule(stage_cfg)
-  train_only = stage_cfg.get("train_only", "")
-  transforms = [freeze_all_but(train_only)] if train_only else []
+  transforms = [freeze_all_but(trained_predicate(stage_cfg))] if freezes(stage_cfg) else []
   transforms += [optax.clip_by_global_norm(train_cfg.clip_norm),
                 optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
                 optax.scale_by_learning_rate(schedule)]
@@ -127,19 +126,43 @@ def scale_head_selector_updates(multiplier: float) -> optax.GradientTransformati
 def trained_by_pattern(name: str, pattern: str) -> bool:
   """Whether parameter `name` ('encoder/adapters_0/up', ...) is trained under
   {stage}.train_only=`pattern`: a comma-separated list of substrings, '' = every parameter."""
-  return not pattern or any(part and part in name for part in pattern.split(","))
+  return not pattern or _named(name, pattern)
 
 
-def freeze_all_but(pattern: str) -> optax.GradientTransformation:
-  """Zeroes the gradients of every parameter that `pattern` does not name, before clipping and
+def _named(name: str, pattern: str) -> bool:
+  return any(part and part in name for part in pattern.split(","))
+
+
+def freezes(stage_cfg) -> bool:
+  """Whether the stage keeps some parameters fixed ({stage}.train_only or {stage}.frozen)."""
+  return bool(stage_cfg.get("train_only", "") or stage_cfg.get("frozen", ""))
+
+
+def trained_predicate(stage_cfg) -> Callable[[str], bool]:
+  """name -> whether the stage trains that parameter: named by {stage}.train_only (or it is
+  empty) and not by {stage}.frozen."""
+  train_only, frozen = stage_cfg.get("train_only", ""), stage_cfg.get("frozen", "")
+  return lambda name: trained_by_pattern(name, train_only) and not (
+      frozen and _named(name, frozen))
+
+
+def freeze_all_but(trained: Callable[[str], bool]) -> optax.GradientTransformation:
+  """Zeroes the gradients of every parameter that `trained` refuses, before clipping and
   Adam: their Adam moments stay 0, so they never move (the adapters' second step: "trained with
   the Transformer parameters frozen")."""
   def update(updates, state, params=None):
     del params
     return jax.tree_util.tree_map_with_path(
-        lambda path, g: g if trained_by_pattern(_param_name(path), pattern) else
-        jnp.zeros_like(g), updates), state
+        lambda path, g: g if trained(_param_name(path)) else jnp.zeros_like(g), updates), state
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def as_constants(params, trained: Callable[[str], bool]):
+  """`params` with the leaves `trained` refuses behind stop_gradient: their gradients are
+  symbolic zeros, so the backward pass of a frozen bottom (the conv subsampler under
+  {stage}.frozen=encoder/subsample) is not computed at all."""
+  return jax.tree_util.tree_map_with_path(
+      lambda path, v: v if trained(_param_name(path)) else jax.lax.stop_gradient(v), params)
 
 
 def _param_name(path) -> str:
@@ -196,13 +219,19 @@ def init_from_run(params, stage_cfg, stage: str, log: logging.Logger):
 
 
 def trained_values(params, stage_cfg, stage: str) -> tuple[int, int]:
-  """(values trained, values in all) under {stage}.train_only; it must name a parameter."""
-  pattern = stage_cfg.get("train_only", "")
+  """(values trained, values in all) under {stage}.train_only and {stage}.frozen; each must
+  name a parameter, and something must be left to train."""
   flat = _flat(params)
-  trained = [n for n in flat if trained_by_pattern(n, pattern)]
+  for key in ("train_only", "frozen"):
+    pattern = stage_cfg.get(key, "")
+    if pattern and not any(_named(n, pattern) for n in flat):
+      raise ValueError(f"{stage}.{key}={pattern!r} names no parameter of this model; its "
+                       f"parameters are under: {_groups(flat)}")
+  trained = [n for n in flat if trained_predicate(stage_cfg)(n)]
   if not trained:
-    raise ValueError(f"{stage}.train_only={pattern!r} names no parameter of this model; its "
-                     f"parameters are under: {_groups(flat)}")
+    raise ValueError(f"{stage}.train_only={stage_cfg.get('train_only', '')!r} and "
+                     f"{stage}.frozen={stage_cfg.get('frozen', '')!r} leave no parameter to "
+                     f"train; its parameters are under: {_groups(flat)}")
   return sum(flat[n].size for n in trained), sum(v.size for v in flat.values())
 
 
@@ -227,7 +256,8 @@ def selection_temperature(train_cfg, initial: float, step):
 
 
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
-               train_cfg=None, ctc_weight: float = 0.0):
+               train_cfg=None, ctc_weight: float = 0.0,
+               trained: Callable[[str], bool] | None = None):
   """-> (train_step(state, batch, apply_update, first_micro), eval_step(state, batch)), compiled.
 
   train_step's two static flags give the micro-batch's place in an update of `update_freq`
@@ -251,6 +281,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
   (1 - w) * label-smoothed CE + w * CTC, both summed over the batch and divided, like the CE,
   by the target tokens of the update. The CTC spells the batch's `ctc_targets` where it has
   them (an ST stage's source transcripts), else its targets.
+
+  `trained` (parameter name -> bool, default: all) differentiates only the parameters it
+  accepts (`as_constants`); the optimizer's freeze_all_but keeps the others fixed.
   """
   cfg = model.config
   if ctc_weight and not cfg.ctc_head:
@@ -302,7 +335,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
   def train_step(state: TrainState, batch, apply_update: bool, first_micro: bool):
     key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
                              dp.device_index())
-    (loss, aux), grads = jax.value_and_grad(loss_sums, has_aux=True)(
+    differentiated = loss_sums if trained is None else (
+        lambda params, *rest: loss_sums(as_constants(params, trained), *rest))
+    (loss, aux), grads = jax.value_and_grad(differentiated, has_aux=True)(
         state.params, batch, False, key, state.step)
     sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
                     "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
@@ -487,17 +522,18 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
                                                   scfg.get("carry_decoder_layers", False)))
     if stage == "st" and text_stage.starts_decoder(config):
       state = state.replace(params=text_stage.carry_decoder(state.params, workdir, log))
-  if scfg.get("train_only", ""):
+  if freezes(scfg):
     trained, total = trained_values(state.params, scfg, stage)
-    log.info("%s: training only the parameters named by %r (%d of %d values); the rest are "
-             "frozen", stage, scfg.train_only, trained, total)
+    log.info("%s: training %d of %d values (train_only %r, frozen %r); the rest stay fixed",
+             stage, trained, total, scfg.get("train_only", ""), scfg.get("frozen", ""))
   log.info("%s: %d parameters; encoder key block %d, FFN token chunk %d (0 = dense; "
            "model.key_block_size / ffn_token_chunk, -1 = by backend)", stage,
            sum(x.size for x in jax.tree_util.tree_leaves(state.params)),
            model.config.resolved_key_block_size, model.config.resolved_ffn_token_chunk)
 
   train_step, eval_step = make_steps(model, tx, schedule, dp, config.train.label_smoothing,
-                                     config.train, stage_ctc_weight(config, stage))
+                                     config.train, stage_ctc_weight(config, stage),
+                                     trained_predicate(scfg) if freezes(scfg) else None)
   dev_scorer = DevScorer(config, stage, model, dev_data, tasks) if (
       primary and config.eval.get("score_dev", False)) else None
   step = int(state.step)
