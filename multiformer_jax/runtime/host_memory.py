@@ -116,8 +116,7 @@ def fetch_tcmalloc(environ=os.environ, cache: str | None = None, log=None) -> st
   none. None where nothing is to be preloaded: not Linux, opted out (MULTIFORMER_TCMALLOC=0),
   LD_PRELOAD already naming a tcmalloc, or the package cannot be had, which one line on stderr
   (or `log`) names; the run then goes on with glibc's malloc."""
-  if (not sys.platform.startswith("linux") or environ.get(TCMALLOC_OPT_OUT_VARIABLE, "1") == "0"
-      or "tcmalloc" in environ.get("LD_PRELOAD", "")):
+  if not sys.platform.startswith("linux") or not _wants_tcmalloc(environ):
     return None
   cache = cache or library_cache()
   directories = LIBRARY_DIRS + cached_library_dirs(cache)
@@ -138,6 +137,12 @@ def fetch_tcmalloc(environ=os.environ, cache: str | None = None, log=None) -> st
   return found
 
 
+def _wants_tcmalloc(environ) -> bool:
+  """Not opted out (MULTIFORMER_TCMALLOC=0), and LD_PRELOAD names no tcmalloc yet."""
+  return (environ.get(TCMALLOC_OPT_OUT_VARIABLE, "1") != "0"
+          and "tcmalloc" not in environ.get("LD_PRELOAD", ""))
+
+
 def _warn(line: str) -> None:
   print(f"WARNING: {line}", file=sys.stderr, flush=True)
 
@@ -147,7 +152,7 @@ def tcmalloc_environment(environ, tcmalloc: str | None) -> dict | None:
   no library, or LD_PRELOAD already names a tcmalloc (which is also what stops the
   re-executed process from doing it again)."""
   preload = environ.get("LD_PRELOAD", "")
-  if environ.get(TCMALLOC_OPT_OUT_VARIABLE, "1") == "0" or not tcmalloc or "tcmalloc" in preload:
+  if not tcmalloc or not _wants_tcmalloc(environ):
     return None
   quiet = {k: v for k, v in TCMALLOC_QUIET.items() if k not in environ}
   return {**environ, **quiet, "LD_PRELOAD": " ".join(filter(None, (preload, tcmalloc)))}
