@@ -166,6 +166,9 @@ def get_config(arg=None):
   # to the ASR vocabulary): its cross-attention has learned to follow the encoder.
   config.st.carry_decoder_layers = False
   config.st.decoder_init = ""  # "mt": start the ST decoder from the text stage's (below)
+  # "mt": the text stage's encoder stacked on the speech encoder, reading the distribution of
+  # the ST stage's CTC head over the source pieces (SATE's adaptor; needs st.ctc_weight > 0)
+  config.st.text_encoder = ""
   config.st.targets = "references"   # "mt": learn the text stage's translations of the
                                      # training transcripts (sequence-level distillation)
 

@@ -130,6 +130,13 @@ def source_ctc_vocab_size(config) -> int:
   return int(vocabularies["asr"]["size"])
 
 
+def stacked_text_layers(config) -> int:
+  """The ST model's stacked text encoder's layers: the text stage's (st.text_encoder="mt")."""
+  if "st" in config and config.st.get("text_encoder", "") == "mt":
+    return int(config.mt.encoder_layers)
+  return 0
+
+
 def model_config_for(config, vocab_size: int, tasks: dict | None = None,
                      stage: str | None = None) -> ModelConfig:
   """The model config with the sizes the data decides: the vocabulary and, for a multi-task
@@ -137,7 +144,8 @@ def model_config_for(config, vocab_size: int, tasks: dict | None = None,
   ctc_weight is set, a CTC head."""
   ctc = stage_ctc_weight(config, stage) > 0
   values = {**config.model.to_dict(), "vocab_size": vocab_size, "ctc_head": ctc,
-            "ctc_vocab_size": source_ctc_vocab_size(config) if ctc and stage == "st" else 0}
+            "ctc_vocab_size": source_ctc_vocab_size(config) if ctc and stage == "st" else 0,
+            "text_encoder_layers": stacked_text_layers(config) if stage == "st" else 0}
   for side, tag in stack_task_tags(values).items():
     if tag:
       if not tasks or side not in tasks:

@@ -81,6 +81,8 @@ class ModelConfig:
   ctc_vocab_size: int = 0          # 0: the CTC head spells the decoder's vocabulary; > 0: the
                                    # size of another one (ST's CTC on the source transcript in
                                    # the ASR vocabulary)
+  text_encoder_layers: int = 0     # > 0: full-attention layers stacked on the encoder, fed the
+                                   # CTC head's distribution over source pieces (stacked.py)
   bos_id: int = 0
   pad_id: int = 1
   eos_id: int = 2
@@ -114,6 +116,10 @@ class ModelConfig:
                         f"{self.decoder_heads}")
     if self.d_model % 2:
       raise ConfigError(f"model.d_model={self.d_model} must be even (sinusoidal positions)")
+    if self.text_encoder_layers < 0 or (self.text_encoder_layers and not self.ctc_head):
+      raise ConfigError(f"model.text_encoder_layers={self.text_encoder_layers}: >= 0, and > 0 "
+                        f"only with a CTC head (its distribution over source pieces is what "
+                        f"the stacked text encoder reads)")
     self.validate_selection()
     self.layout  # parses and validates the encoder layout
 

@@ -12,6 +12,7 @@ from multiformer_jax.model import decoder as decoder_lib
 from multiformer_jax.model.decoder import Decoder
 from multiformer_jax.model.encoder import Encoder
 from multiformer_jax.model.model_config import ModelConfig
+from multiformer_jax.model.stacked import StackedTextEncoder
 
 
 class S2TModel(nn.Module):
@@ -24,6 +25,9 @@ class S2TModel(nn.Module):
   a pair (encoder ids, decoder ids) [batch] each when the stacks are keyed differently
   (default 0), and, in training, the head-selection `temperature`. With `ctc_head` the call also sows the CTC
   logits of the encoder output and its mask into the "ctc" collection (`mutable=["ctc"]`).
+  With `text_encoder_layers` a text encoder stacked on the speech encoder reads the CTC head's
+  distribution (model/stacked.py) and the decoder reads the stack; the CTC head stays on the
+  speech encoder.
   """
   config: ModelConfig
 
@@ -32,9 +36,15 @@ class S2TModel(nn.Module):
     self.decoder = Decoder(self.config, name="decoder")
     if self.config.ctc_head:
       self.ctc_proj = nn.Dense(self.config.ctc_size, name="ctc_proj")
+    if self.config.text_encoder_layers:
+      self.text_encoder = StackedTextEncoder(self.config, name="text_encoder")
 
   def encode(self, features, lengths, deterministic: bool = True, tasks=None, temperature=None):
-    return self.encoder(features, lengths, deterministic, tasks, temperature)
+    """-> (what the decoder reads [batch, frames', d_model], its mask [batch, frames'])."""
+    encoded, mask = self.encoder(features, lengths, deterministic, tasks, temperature)
+    if self.config.text_encoder_layers:
+      encoded = self.text_encoder(encoded, self.ctc_proj(encoded), mask, deterministic)
+    return encoded, mask
 
   def decode(self, prev_tokens, encoded, encoder_mask, deterministic: bool = True, tasks=None,
              temperature=None):
@@ -53,9 +63,12 @@ class S2TModel(nn.Module):
   def __call__(self, features, lengths, prev_tokens, deterministic: bool = True, tasks=None,
                temperature=None):
     encoder_tasks, decoder_tasks = split_tasks(tasks)
-    encoded, mask = self.encode(features, lengths, deterministic, encoder_tasks, temperature)
+    encoded, mask = self.encoder(features, lengths, deterministic, encoder_tasks, temperature)
     if self.config.ctc_head:       # read by training through the mutable "ctc" collection
-      self.sow("ctc", "logits", (self.ctc_proj(encoded).astype(jnp.float32), mask))
+      ctc_logits = self.ctc_proj(encoded)
+      self.sow("ctc", "logits", (ctc_logits.astype(jnp.float32), mask))
+      if self.config.text_encoder_layers:
+        encoded = self.text_encoder(encoded, ctc_logits, mask, deterministic)
     return self.decode(prev_tokens, encoded, mask, deterministic, decoder_tasks, temperature)
 
 

@@ -7,7 +7,6 @@ corpus's text pairs teach a decoder of this size (benchmarks/text_mt_ceiling.py)
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import flax.linen as nn
@@ -18,6 +17,7 @@ from multiformer_jax.model.encoder import EncoderLayer
 from multiformer_jax.model.feedforward import layer_norm
 from multiformer_jax.model.model_config import ModelConfig
 from multiformer_jax.model.positions import padded_positions
+from multiformer_jax.model.stacked import text_layers_config
 
 
 def text_model_config(st_config: ModelConfig, encoder_layers: int, dropout: float
@@ -25,11 +25,7 @@ def text_model_config(st_config: ModelConfig, encoder_layers: int, dropout: floa
   """The ST model's config with a text encoder of `encoder_layers` full-attention layers (the
   encoder's width and heads) and `dropout` everywhere; no CTC head. The decoder's shapes stay
   the ST model's."""
-  heads = st_config.encoder_heads
-  return dataclasses.replace(
-      st_config, encoder_layers=encoder_layers,
-      encoder_layout=f"{encoder_layers}x({heads}*full)", ctc_head=False, ctc_vocab_size=0,
-      dropout=dropout, attention_dropout=dropout, activation_dropout=dropout)
+  return text_layers_config(st_config, encoder_layers, dropout)
 
 
 class TextToText(nn.Module):

@@ -58,15 +58,21 @@ def starts_decoder(config) -> bool:
   return "st" in config.train.stages and config.st.get("decoder_init", "") == STAGE
 
 
+def stacks_encoder(config) -> bool:
+  """Whether the ST stage stacks the text stage's encoder on its speech encoder
+  (st.text_encoder="mt"; model/stacked.py)."""
+  return "st" in config.train.stages and config.st.get("text_encoder", "") == STAGE
+
+
 def distilling(config) -> bool:
   """Whether the ST stage trains on the text stage's translations (st.targets="mt")."""
   return "st" in config.train.stages and config.st.get("targets", TARGETS[0]) == STAGE
 
 
 def wanted(config) -> bool:
-  """Whether the run trains a text stage: its ST stage starts the decoder from one, or learns
-  its translations."""
-  return starts_decoder(config) or distilling(config)
+  """Whether the run trains a text stage: its ST stage starts the decoder or a stacked text
+  encoder from one, or learns its translations."""
+  return starts_decoder(config) or stacks_encoder(config) or distilling(config)
 
 
 def check_config(config, prepared: bool = False):
@@ -80,9 +86,17 @@ def check_config(config, prepared: bool = False):
   if targets not in TARGETS:
     raise ValueError(f"st.targets={targets!r}; valid: 'references' (the prepared translations) "
                      f"or 'mt' (the text stage's translations: sequence-level distillation)")
+  stacked = config.st.get("text_encoder", "")
+  if stacked not in ("", STAGE):
+    raise ValueError(f"st.text_encoder={stacked!r}; valid: '' (none) or 'mt' (the text "
+                     f"stage's encoder stacked on the speech encoder)")
+  if stacked and not config.st.get("ctc_weight", 0.0) > 0:
+    raise ValueError("st.text_encoder='mt' reads the ST stage's CTC head over the source "
+                     f"pieces: set st.ctc_weight > 0 (it is {config.st.get('ctc_weight', 0.0)})")
   if not wanted(config):
     return
-  setting = "st.decoder_init='mt'" if starts_decoder(config) else "st.targets='mt'"
+  setting = ("st.decoder_init='mt'" if starts_decoder(config) else
+             "st.text_encoder='mt'" if stacks_encoder(config) else "st.targets='mt'")
   if config.mt.max_updates < 1 or config.mt.batch < 1:
     raise ValueError(f"{setting} trains a text stage: mt.max_updates="
                      f"{config.mt.max_updates} and mt.batch={config.mt.batch} must be >= 1")
@@ -410,17 +424,25 @@ def _atomic_write(path: str, data: bytes):
   os.replace(path + ".tmp", path)
 
 
-def carry_decoder(params, workdir: str, log: logging.Logger):
-  """ST init: every decoder tensor from the text stage's parameters; shapes must fit."""
+def carry_decoder(params, workdir: str, log: logging.Logger, decoder: bool = True,
+                  encoder: bool = False):
+  """ST init from the text stage's parameters: every decoder tensor (`decoder`), and with
+  `encoder` its source embeddings and encoder layers into the stacked text encoder (whose
+  projection of the speech encoder's output stays at its start, zero). Shapes must fit."""
   from multiformer_jax.training.train import copy_tensors  # pylint: disable=import-outside-toplevel
   path = os.path.join(workdir, STAGE, PARAMS)
   text = _read_params(workdir)
-  flat, restored, mismatched = copy_tensors(
-      params, {"decoder": text["decoder"]}, lambda name: name.startswith("decoder/"),
-      ("text model", "ST"))
-  missing = [n for n in flat if n.startswith("decoder/") and n not in set(restored)]
+  source = {"decoder": text["decoder"]} if decoder else {}
+  if encoder:
+    source["text_encoder"] = {k: v for k, v in text.items() if k != "decoder"}
+  prefixes = tuple(f"{side}/" for side in source)
+  taken = lambda name: name.startswith(prefixes) and not name.startswith("text_encoder/acoustic/")
+  flat, restored, mismatched = copy_tensors(params, source, taken, ("text model", "ST"))
+  missing = [n for n in flat if taken(n) and n not in set(restored)]
   if mismatched or missing:
-    raise ValueError("the text stage's decoder does not fit the ST model:\n  " +
+    raise ValueError("the text stage's model does not fit the ST model:\n  " +
                      "\n  ".join(mismatched + [f"{n}: not in the text model" for n in missing]))
-  log.info("ST init: the decoder's %d tensors from the text stage (%s)", len(restored), path)
+  log.info("ST init: the %s's %d tensors from the text stage (%s)",
+           " and ".join(("decoder",) * decoder + ("stacked text encoder",) * encoder),
+           len(restored), path)
   return flax.traverse_util.unflatten_dict(flat, sep="/")
