@@ -96,8 +96,8 @@ def test_sinusoids_follow_fairseq_layout():
   assert np.all(emb[0, 3] == 0)
 
 
-def test_encoder_is_padding_invariant():
-  model, params = tiny_model()
+def assert_encoder_padding_invariant(model, params):
+  """Each utterance encoded in a padded batch equals it encoded alone; pads encode to 0."""
   lengths = [57, 40, 9]
   feats = jnp.asarray(RNG.normal(size=(3, 57, 12)), jnp.float32)
   apply = jitted_apply(model)
@@ -111,14 +111,20 @@ def test_encoder_is_padding_invariant():
   assert np.all(np.asarray(enc)[~np.asarray(mask)] == 0)
 
 
-def test_cached_decoding_equals_teacher_forcing():
-  model, params = tiny_model()
+def test_encoder_is_padding_invariant():
+  assert_encoder_padding_invariant(*tiny_model())
+
+
+def assert_cached_decoding_equals_teacher_forcing(model, params):
+  """Step-by-step decoding from `encode` gives the teacher-forced call's logits -> the latter's
+  mutable collections (the sown CTC logits of a model with a CTC head)."""
   lengths = jnp.array([33, 20])
   feats = jnp.asarray(RNG.normal(size=(2, 33, 12)), jnp.float32)
   tokens = jnp.asarray(RNG.integers(4, 37, size=(2, 7)), jnp.int32).at[:, 0].set(2)
   variables = {"params": params}
   apply = jitted_apply(model)
-  forced = apply(variables, feats, lengths, tokens)                        # [2, 7, vocab]
+  forced, sown = jax.jit(functools.partial(model.apply, mutable=["ctc"]))(
+      variables, feats, lengths, tokens)                                    # [2, 7, vocab]
   enc, mask = apply(variables, feats, lengths, method=model.encode)
   cross = apply(variables, enc, method=model.cross_kv)
   cache = init_cache(model, 2, 10)
@@ -127,6 +133,11 @@ def test_cached_decoding_equals_teacher_forcing():
   for i in range(7):
     logits, cache = step(tokens[:, i:i + 1], i, cache)
     np.testing.assert_allclose(logits, forced[:, i], atol=1e-4, rtol=1e-4)
+  return feats, lengths, mask, sown
+
+
+def test_cached_decoding_equals_teacher_forcing():
+  assert_cached_decoding_equals_teacher_forcing(*tiny_model())
 
 
 def test_beams_share_the_utterance_cross_attention():

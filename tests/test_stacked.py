@@ -8,12 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax import ConfigError, ModelConfig, experiment, init_cache
+from multiformer_jax import ConfigError, ModelConfig, experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.model.stacked import StackedTextEncoder
 from multiformer_jax.model.text_model import TextToText, text_model_config
 from multiformer_jax.training import text_stage, train
-from tests.test_model import TINY, jitted_apply, tiny_model_factory
+from tests.test_model import (TINY, assert_cached_decoding_equals_teacher_forcing,
+                              assert_encoder_padding_invariant, tiny_model_factory)
 from tests.test_text_stage import LOG, text_config
 
 RNG = np.random.default_rng(3)
@@ -53,35 +54,15 @@ def test_fed_a_one_hot_distribution_it_is_the_text_models_encoder():
 
 
 def test_the_stacked_model_is_padding_invariant():
-  model, params = stacked_model()
-  lengths = [57, 40, 9]
-  feats = jnp.asarray(RNG.normal(size=(3, 57, 12)), jnp.float32)
-  apply = jitted_apply(model)
-  enc, mask = apply({"params": params}, feats, jnp.array(lengths), method=model.encode)
-  for b, n in enumerate(lengths):
-    alone, alone_mask = apply({"params": params}, feats[b:b + 1, :n], jnp.array([n]),
-                              method=model.encode)
-    m = int(alone_mask.sum())
-    np.testing.assert_allclose(enc[b, :m], alone[0, :m], atol=1e-5)
-  assert np.all(np.asarray(enc)[~np.asarray(mask)] == 0)
+  assert_encoder_padding_invariant(*stacked_model())
 
 
 def test_the_stacked_models_cached_decoding_equals_teacher_forcing_and_ctc_reads_speech():
+  """Also checks that `encode` (decoding) and the training call stack alike."""
   model, params = stacked_model()
-  lengths = jnp.array([33, 20])
-  feats = jnp.asarray(RNG.normal(size=(2, 33, 12)), jnp.float32)
-  tokens = jnp.asarray(RNG.integers(4, 37, size=(2, 7)), jnp.int32).at[:, 0].set(2)
-  variables = {"params": params}
-  forced, sown = model.apply(variables, feats, lengths, tokens, mutable=["ctc"])
-  enc, mask = model.apply(variables, feats, lengths, method=model.encode)
-  cross = model.apply(variables, enc, method=model.cross_kv)
-  cache = init_cache(model, 2, 10)
-  step = jax.jit(lambda tok, i, c: model.apply(variables, tok, i, c, cross, mask,
-                                               method=model.decode_step))
-  for i in range(7):
-    logits, cache = step(tokens[:, i:i + 1], i, cache)
-    np.testing.assert_allclose(logits, forced[:, i], atol=1e-4, rtol=1e-4)
+  feats, lengths, mask, sown = assert_cached_decoding_equals_teacher_forcing(model, params)
   # The CTC head spells the source from the speech encoder's output, not from the stack's.
+  variables = {"params": params}
   speech, _ = model.apply(variables, feats, lengths, method=lambda m, f, n: m.encoder(f, n))
   ctc_logits, ctc_mask = sown["ctc"]["logits"][0]
   assert ctc_logits.shape[-1] == PIECES
