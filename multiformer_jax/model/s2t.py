@@ -40,10 +40,15 @@ class S2TModel(nn.Module):
       self.text_encoder = StackedTextEncoder(self.config, name="text_encoder")
 
   def encode(self, features, lengths, deterministic: bool = True, tasks=None, temperature=None):
-    """-> (what the decoder reads [batch, frames', d_model], its mask [batch, frames'])."""
+    """-> (what the decoder reads [batch, frames', d_model], its mask [batch, frames']). Sows
+    the CTC logits of the speech encoder's output where the "ctc" collection is mutable."""
     encoded, mask = self.encoder(features, lengths, deterministic, tasks, temperature)
-    if self.config.text_encoder_layers:
-      encoded = self.text_encoder(encoded, self.ctc_proj(encoded), mask, deterministic)
+    stacked = self.config.text_encoder_layers
+    if self.config.ctc_head and (stacked or self.is_mutable_collection("ctc")):
+      ctc_logits = self.ctc_proj(encoded)
+      self.sow("ctc", "logits", (ctc_logits.astype(jnp.float32), mask))
+      if stacked:
+        encoded = self.text_encoder(encoded, ctc_logits, mask, deterministic)
     return encoded, mask
 
   def decode(self, prev_tokens, encoded, encoder_mask, deterministic: bool = True, tasks=None,
@@ -63,12 +68,7 @@ class S2TModel(nn.Module):
   def __call__(self, features, lengths, prev_tokens, deterministic: bool = True, tasks=None,
                temperature=None):
     encoder_tasks, decoder_tasks = split_tasks(tasks)
-    encoded, mask = self.encoder(features, lengths, deterministic, encoder_tasks, temperature)
-    if self.config.ctc_head:       # read by training through the mutable "ctc" collection
-      ctc_logits = self.ctc_proj(encoded)
-      self.sow("ctc", "logits", (ctc_logits.astype(jnp.float32), mask))
-      if self.config.text_encoder_layers:
-        encoded = self.text_encoder(encoded, ctc_logits, mask, deterministic)
+    encoded, mask = self.encode(features, lengths, deterministic, encoder_tasks, temperature)
     return self.decode(prev_tokens, encoded, mask, deterministic, decoder_tasks, temperature)
 
 
