@@ -130,11 +130,15 @@ def source_ctc_vocab_size(config) -> int:
   return int(vocabularies["asr"]["size"])
 
 
+def stacks_text_encoder(config) -> bool:
+  """Whether the ST model stacks the text stage's encoder on its speech encoder
+  (st.text_encoder="mt"; model/stacked.py)."""
+  return "st" in config and config.st.get("text_encoder", "") == "mt"
+
+
 def stacked_text_layers(config) -> int:
-  """The ST model's stacked text encoder's layers: the text stage's (st.text_encoder="mt")."""
-  if "st" in config and config.st.get("text_encoder", "") == "mt":
-    return int(config.mt.encoder_layers)
-  return 0
+  """The ST model's stacked text encoder's layers: the text stage's, where it stacks one."""
+  return int(config.mt.encoder_layers) if stacks_text_encoder(config) else 0
 
 
 def model_config_for(config, vocab_size: int, tasks: dict | None = None,

@@ -10,8 +10,8 @@ import pytest
 
 from multiformer_jax import ConfigError, ModelConfig, experiment
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.model.stacked import StackedTextEncoder
-from multiformer_jax.model.text_model import TextToText, text_model_config
+from multiformer_jax.model.stacked import StackedTextEncoder, text_layers_config
+from multiformer_jax.model.text_model import TextToText
 from multiformer_jax.training import text_stage, train
 from tests.test_model import (TINY, assert_cached_decoding_equals_teacher_forcing,
                               assert_encoder_padding_invariant, tiny_model_factory)
@@ -38,7 +38,7 @@ def test_fed_a_one_hot_distribution_it_is_the_text_models_encoder():
   config = ModelConfig(**{**TINY, **STACKED})
   source = jnp.asarray([[5, 7, 3, 9, 2], [4, 8, 2, 1, 1]], jnp.int32)    # EOS 2, PAD 1
   mask = source != 1
-  text = TextToText(text_model_config(config, 2, 0.0), PIECES)
+  text = TextToText(text_layers_config(config, 2, 0.0), PIECES)
   text_params = text.init(jax.random.PRNGKey(1), source, source)["params"]
   expected, _ = text.apply({"params": text_params}, source, method=text.encode)
   stacked = StackedTextEncoder(config)
@@ -89,7 +89,7 @@ def test_the_st_stage_starts_the_stack_from_the_text_stages_encoder(prepared, tm
   model = train.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
   assert model.config.text_encoder_layers == config.mt.encoder_layers == 1
   fresh = train.init_params(model, jax.random.PRNGKey(1))
-  carried = train._flat(text_stage.carry_decoder(       # pylint: disable=protected-access
+  carried = train._flat(text_stage.carry_from_text_stage(       # pylint: disable=protected-access
       fresh, workdir, LOG, decoder=True, encoder=True))
   flat_text = flax.traverse_util.flatten_dict(text, sep="/")
   for name, value in flat_text.items():

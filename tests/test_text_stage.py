@@ -15,7 +15,7 @@ from data_prep import index_io
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.metrics import corpus_bleu
-from multiformer_jax.model.text_model import text_model_config
+from multiformer_jax.model.stacked import text_layers_config
 from multiformer_jax.training import text_stage, train
 from tests.test_train import tiny_config
 
@@ -71,7 +71,7 @@ def test_the_text_model_learns_its_pairs_and_translates_them_back(prepared):
   pairs = text_stage.text_pairs(data, text_stage.pair_length(data, 128))
   st_cfg = experiment.model_config_for(config, data.vocab.size, None, "st")
   trainer = text_stage.TextTrainer(
-      config, text_model_config(st_cfg, 1, 0.0), int(data.summary["vocab"]["asr"]["size"]),
+      config, text_layers_config(st_cfg, 1, 0.0), int(data.summary["vocab"]["asr"]["size"]),
       data.vocab, config.mt, beam=2)
   params, best, evaluations = text_stage.train_text_model(
       trainer, pairs, pairs, config.mt, jax.random.PRNGKey(0), 0, LOG)
@@ -101,7 +101,7 @@ def test_the_st_stage_starts_its_decoder_from_the_text_stage(prepared, tmp_path)
   data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
   model = train.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
   fresh = train.init_params(model, jax.random.PRNGKey(1))
-  carried = text_stage.carry_decoder(fresh, workdir, LOG)
+  carried = text_stage.carry_from_text_stage(fresh, workdir, LOG)
   flat_text = flax.traverse_util.flatten_dict(text["decoder"], sep="/")
   flat = train._flat(carried)                                  # pylint: disable=protected-access
   assert len(flat_text) == sum(n.startswith("decoder/") for n in flat) > 10
@@ -119,9 +119,9 @@ def test_the_st_stage_starts_its_decoder_from_the_text_stage(prepared, tmp_path)
   model = train.S2TModel(experiment.model_config_for(bigger, data.vocab.size, None, "st"))
   with pytest.raises(ValueError, match=r"does not fit the ST model:\n  decoder/.*text model "
                                        r"\(.*\) vs ST \(.*32"):
-    text_stage.carry_decoder(train.init_params(model, jax.random.PRNGKey(1)), workdir, LOG)
+    text_stage.carry_from_text_stage(train.init_params(model, jax.random.PRNGKey(1)), workdir, LOG)
   with pytest.raises(FileNotFoundError, match="the text stage did not finish"):
-    text_stage.carry_decoder(fresh, str(tmp_path / "elsewhere"), LOG)
+    text_stage.carry_from_text_stage(fresh, str(tmp_path / "elsewhere"), LOG)
 
 
 def test_the_st_stage_can_learn_the_text_stages_translations(prepared, tmp_path, monkeypatch):

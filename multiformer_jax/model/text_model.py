@@ -17,15 +17,6 @@ from multiformer_jax.model.encoder import EncoderLayer
 from multiformer_jax.model.feedforward import layer_norm
 from multiformer_jax.model.model_config import ModelConfig
 from multiformer_jax.model.positions import padded_positions
-from multiformer_jax.model.stacked import text_layers_config
-
-
-def text_model_config(st_config: ModelConfig, encoder_layers: int, dropout: float
-                      ) -> ModelConfig:
-  """The ST model's config with a text encoder of `encoder_layers` full-attention layers (the
-  encoder's width and heads) and `dropout` everywhere; no CTC head. The decoder's shapes stay
-  the ST model's."""
-  return text_layers_config(st_config, encoder_layers, dropout)
 
 
 class TextToText(nn.Module):

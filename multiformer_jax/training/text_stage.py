@@ -42,7 +42,8 @@ from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.decode import beam_search
 from multiformer_jax.evaluation.metrics import corpus_bleu, label_smoothed_nll
 from multiformer_jax.model.decoder import init_cache
-from multiformer_jax.model.text_model import TextToText, text_model_config
+from multiformer_jax.model.stacked import text_layers_config
+from multiformer_jax.model.text_model import TextToText
 
 STAGE = "mt"
 PARAMS = "params.msgpack"
@@ -59,9 +60,8 @@ def starts_decoder(config) -> bool:
 
 
 def stacks_encoder(config) -> bool:
-  """Whether the ST stage stacks the text stage's encoder on its speech encoder
-  (st.text_encoder="mt"; model/stacked.py)."""
-  return "st" in config.train.stages and config.st.get("text_encoder", "") == STAGE
+  """Whether a trained ST stage stacks the text stage's encoder on its speech encoder."""
+  return "st" in config.train.stages and experiment.stacks_text_encoder(config)
 
 
 def distilling(config) -> bool:
@@ -348,7 +348,7 @@ def make_trainer(config, data: ip.SplitData) -> TextTrainer:
   """The text stage's model (the ST decoder's shapes, config.mt's text encoder and dropout)
   with its update and beam search."""
   st_model_cfg = experiment.model_config_for(config, data.vocab.size, None, "st")
-  model_cfg = text_model_config(st_model_cfg, config.mt.encoder_layers, config.mt.dropout)
+  model_cfg = text_layers_config(st_model_cfg, config.mt.encoder_layers, config.mt.dropout)
   return TextTrainer(config, model_cfg, int(data.summary["vocab"]["asr"]["size"]), data.vocab,
                      config.mt, config.mt.beam)
 
@@ -424,7 +424,7 @@ def _atomic_write(path: str, data: bytes):
   os.replace(path + ".tmp", path)
 
 
-def carry_decoder(params, workdir: str, log: logging.Logger, decoder: bool = True,
+def carry_from_text_stage(params, workdir: str, log: logging.Logger, decoder: bool = True,
                   encoder: bool = False):
   """ST init from the text stage's parameters: every decoder tensor (`decoder`), and with
   `encoder` its source embeddings and encoder layers into the stacked text encoder (whose

@@ -522,7 +522,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
                                                   scfg.get("carry_decoder_layers", False)))
     if stage == "st" and (text_stage.starts_decoder(config) or
                           text_stage.stacks_encoder(config)):
-      state = state.replace(params=text_stage.carry_decoder(
+      state = state.replace(params=text_stage.carry_from_text_stage(
           state.params, workdir, log, text_stage.starts_decoder(config),
           text_stage.stacks_encoder(config)))
   if freezes(scfg):
