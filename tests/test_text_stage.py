@@ -119,7 +119,8 @@ def test_the_st_stage_starts_its_decoder_from_the_text_stage(prepared, tmp_path)
   model = train.S2TModel(experiment.model_config_for(bigger, data.vocab.size, None, "st"))
   with pytest.raises(ValueError, match=r"does not fit the ST model:\n  decoder/.*text model "
                                        r"\(.*\) vs ST \(.*32"):
-    text_stage.carry_from_text_stage(train.init_params(model, jax.random.PRNGKey(1)), workdir, LOG)
+    text_stage.carry_from_text_stage(train.init_params(model, jax.random.PRNGKey(1)), workdir,
+                                     LOG)
   with pytest.raises(FileNotFoundError, match="the text stage did not finish"):
     text_stage.carry_from_text_stage(fresh, str(tmp_path / "elsewhere"), LOG)
 

@@ -425,7 +425,7 @@ def _atomic_write(path: str, data: bytes):
 
 
 def carry_from_text_stage(params, workdir: str, log: logging.Logger, decoder: bool = True,
-                  encoder: bool = False):
+                          encoder: bool = False):
   """ST init from the text stage's parameters: every decoder tensor (`decoder`), and with
   `encoder` its source embeddings and encoder layers into the stacked text encoder (whose
   projection of the speech encoder's output stays at its start, zero). Shapes must fit."""

@@ -520,11 +520,10 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
       log.info("ST encoder from the ASR stage: %s", which)
       state = state.replace(params=carry_from_asr(state.params, asr_params, log,
                                                   scfg.get("carry_decoder_layers", False)))
-    if stage == "st" and (text_stage.starts_decoder(config) or
-                          text_stage.stacks_encoder(config)):
+    decoder, encoder = text_stage.starts_decoder(config), text_stage.stacks_encoder(config)
+    if stage == "st" and (decoder or encoder):
       state = state.replace(params=text_stage.carry_from_text_stage(
-          state.params, workdir, log, text_stage.starts_decoder(config),
-          text_stage.stacks_encoder(config)))
+          state.params, workdir, log, decoder, encoder))
   if freezes(scfg):
     trained, total = trained_values(state.params, scfg, stage)
     log.info("%s: training %d of %d values (train_only %r, frozen %r); the rest stay fixed",
