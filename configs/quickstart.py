@@ -20,8 +20,8 @@ Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
 from configs import default
 
 # Updates per stage: the default aims at 20 minutes on 2 CPU cores, `long` at 60. 7500 ASR
-# updates instead of 6000 (2 min 15 s more here): dev WER 13.39 -> 11.99, tst-COMMON 21.13 ->
-# 18.74 (docs/notes/2026-11-28-asr-ctc-weight-and-updates.md).
+# updates instead of 6000 (about 2.5 min more): dev WER 13.39 -> 11.99, tst-COMMON 21.13 -> 18.74
+# (docs/notes/2026-11-28-asr-ctc-weight-and-updates.md).
 UPDATES = {"asr": 7500, "st": 4300}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
 LONG_UPDATES = {"asr": 16000, "st": 7000}
