@@ -44,9 +44,9 @@ def get_config(arg=None):
   m.conv_channels = 128
   # Three stride-2 convolutions (8x: 12.5 encoder positions a second) instead of fairseq's two:
   # the corpus's speech carries a median of 8.7 ASR pieces a second, and the shorter sequences
-  # learn more per update and run faster (docs/notes/quickstart-ding-recipe-trials.md). The 1% of training utterances
-  # with fewer positions than CTC needs add no CTC loss (zero_infinity) and still train the
-  # decoder.
+  # learn more per update and run faster (docs/notes/quickstart-ding-recipe-trials.md). The 1%
+  # of training utterances with fewer positions than CTC needs add no CTC loss (zero_infinity)
+  # and still train the decoder.
   m.conv_kernels, m.conv_strides = (5, 5, 5), (2, 2, 2)
   m.decoder_layers, m.decoder_heads = 2, 4
   # No dropout, no SpecAugment: runs this short underfit (measured on the Ding corpus at about
@@ -131,13 +131,16 @@ def get_config(arg=None):
   e.length_penalty = 1.3
   e.score_dev, e.score_dev_beam = True, 5   # dev WER / BLEU on the learning curves
   # Joint CTC/attention decoding of the ASR stage (ESPnet's); 0.2 had the lowest dev WER of
-  # 0.1-0.7 in both variants (docs/notes/quickstart-ding-recipe-trials.md). The ST model's CTC head spells the source,
-  # so its search is attention alone.
+  # 0.1-0.7 in both variants (docs/notes/quickstart-ding-recipe-trials.md); on the Bible corpus
+  # 0.3 gained 0.45 on one model and lost 0.34 on another
+  # (docs/notes/2026-11-28-asr-ctc-weight-and-updates.md). The ST model's CTC head spells the
+  # source, so its search is attention alone.
   e.ctc_weight = 0.2
   # The ASR stage's 20-best rescored with a word trigram LM of the training transcripts whose
   # unigram level backs off to English word frequencies (wordfreq): dev WER fell by 3.3-6.4 in
-  # all four models tried, weight 0.3 the lowest of 0.1-0.6 (docs/notes/quickstart-ding-recipe-trials.md). ST's dev BLEU
-  # did not move with a German one, so ST decodes without.
+  # all four models tried, weight 0.3 the lowest of 0.1-0.6
+  # (docs/notes/quickstart-ding-recipe-trials.md). ST's dev BLEU did not move with a German one,
+  # so ST decodes without.
   e.lm_weight, e.lm_stages = 0.3, ("asr",)
   # The ST search never repeats a 4-gram of pieces (fairseq's --no-repeat-ngram-size): the
   # undertrained decoder otherwise loops on letter pieces ("ENTONCENTONCEN..."). Dev BLEU of one
