@@ -106,6 +106,8 @@ def get_config(arg=None):
                                # sentences spoken by this synthesizer (flite | festival)
   d.embedded_other_synthesizer_share = 0.0  # embedded corpus: share of training utterances
                                # spoken by those besides espeak (0: as their share of voices)
+  d.embedded_other_speakers_per_voice = 0  # embedded corpus: training speakers (rate, pitch)
+                               # of each of their voices (0: embedded_speakers_per_variant)
   d.embedded_bible_english = "web"     # embedded corpus, text "bible": web | kjv
   d.embedded_bible_max_words = 20      # embedded corpus, text "bible": longest verse kept
   d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)

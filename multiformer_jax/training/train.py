@@ -691,6 +691,7 @@ def ensure_prepared(config, log: logging.Logger):
       synthesizers=tuple(d.get("embedded_synthesizers", "espeak").split(",")),
       unseen_synthesizer=d.get("embedded_unseen_synthesizer", ""),
       other_synthesizer_share=d.get("embedded_other_synthesizer_share", 0.0),
+      other_speakers_per_voice=d.get("embedded_other_speakers_per_voice", 0),
       bible_english=d.get("embedded_bible_english", "web"),
       bible_max_words=d.get("embedded_bible_max_words", 20))
       for target in d.embedded_target.split(",")] if d.embedded else []
