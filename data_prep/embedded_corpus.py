@@ -267,7 +267,10 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
   """{split: [talk segments]}: the deterministic plan of one direction: the catalogs' pairs of
   `wheels` ({} where spec.text has no "catalogs"), then extra_pairs: more (source text, target
   text, domain) triples (e.g. `ding_pairs`)."""
-  rng = np.random.default_rng([spec.seed, sum(map(ord, source + target))])
+  direction_key = sum(map(ord, source + target))
+  stream = lambda n=None: np.random.default_rng(     # an independent stream of this direction
+      [spec.seed, direction_key] + ([] if n is None else [n]))
+  rng = stream()
   pairs = []  # (source text, target text, domain)
   for domain, wheel in sorted(wheels.items()):
     language = source if source != "en" else target
@@ -291,7 +294,7 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
   # Training speakers beyond each variant's first, and the extra variants, come from a stream
   # of their own, so that the held-out splits are the same for any train_speakers_per_variant
   # and extra_training_variants (and without extra variants, every sentence's variant too).
-  extra_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 11])
+  extra_rng = stream(11)
   per_variant = spec.train_speakers_per_variant
   train_speakers = [[voice] + _speakers(extra_rng, source, [voice.variant] * (per_variant - 1))
                     for voice in speakers["train"]]
@@ -307,18 +310,18 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
     female_share = float(np.mean([sex_of[v.variant] == "female" for v in speakers["train"]]))
   # Other synthesizers' training speakers: a sentence's espeak-ng speaker is replaced by one of
   # theirs as often as they are among all training voices (their own stream again).
-  engine_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 13])
-  engine_groups = [group for engine in spec.synthesizers if engine != "espeak"
+  engine_rng = stream(13)
+  other_engines = [engine for engine in spec.synthesizers if engine != "espeak"]
+  engine_groups = [group for engine in other_engines
                    for group in _engine_speakers(engine_rng, source, engine, per_variant)]
   # More speakers of each such voice (other_speakers_per_voice) from streams of their own: the
   # sentences each voice speaks stay the same, spoken at more rates and pitches.
-  other_per_voice = spec.other_speakers_per_voice or per_variant
-  extra_engine_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 19])
-  engine_speakers = {group[0]: group + extra for group, extra in zip(engine_groups, [
-      extra for engine in spec.synthesizers if engine != "espeak"
-      for extra in _engine_speakers(extra_engine_rng, source, engine,
-                                    max(0, other_per_voice - per_variant))])}
-  engine_pick_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 23])
+  more = max(0, (spec.other_speakers_per_voice or per_variant) - per_variant)
+  extra_engine_rng = stream(19)
+  extra_groups = [group for engine in other_engines
+                  for group in _engine_speakers(extra_engine_rng, source, engine, more)]
+  engine_speakers = {group[0]: group + extra for group, extra in zip(engine_groups, extra_groups)}
+  engine_pick_rng = stream(23)
   engine_share = spec.other_synthesizer_share or (
       len(engine_groups) / (len(engine_groups) + len(train_speakers)))
   plan = {}
@@ -350,7 +353,7 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
         talks.append(segments[start:start + spec.segments_per_talk])
     plan[split] = talks
   if spec.unseen_synthesizer:
-    unseen_rng = np.random.default_rng([spec.seed, sum(map(ord, source + target)), 17])
+    unseen_rng = stream(17)
     voices = sum(_engine_speakers(unseen_rng, source, spec.unseen_synthesizer, 2), [])
     segments = [Segment(*pairs[index], voices[n % len(voices)])
                 for n, index in enumerate(split_pairs["tst-COMMON"])]
