@@ -216,6 +216,12 @@ def get_config(arg=None):
   e.lm_order = 3
   e.lm_unigram = "wordfreq"    # wordfreq | uniform: what the LM's unigram level backs off to
                                # (the wordfreq package's word frequencies in that language)
+  e.rate_norm_target = 0.0     # speaking-rate normalisation (evaluation/rate_norm.py): an
+                               # utterance whose CTC greedy path has more pieces per encoder
+                               # position than this is stretched in time by the ratio before
+                               # the search; 0 = off; needs a CTC head
+  e.rate_norm_max_stretch = 1.4   # the largest stretch (the stretched batch's frame factor)
+  e.rate_norm_stages = ("asr", "st")   # the stages whose searches normalise, when on
   e.batch_frames = 20000       # padded source frames per evaluation batch
   e.num_buckets = 4            # batch shapes when decoding (each compiles the beam search)
   e.after_training = False     # run.py evaluates every stage on data.test_split at the end

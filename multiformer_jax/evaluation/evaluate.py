@@ -3,6 +3,7 @@
     python -m multiformer_jax.evaluate --workdir runs/v2 --stage st --split tst-COMMON \
         [--checkpoint average|around_best|best|latest] [--average_last 10] [--beam 5]
         [--lenpen 1.0] [--min_len 1] [--ctc_weight 0.2] [--lm_weight 0.2]
+        [--rate_norm_target 0.5]
 
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
 utterance of the split once, and writes `{workdir}/{stage}/eval_{split}/`: hyp.txt and
@@ -34,6 +35,7 @@ from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
                                                   make_translate_for, no_repeat_ngram_size,
+                                                  rate_norm_settings,
                                                   score, setting_stages)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
@@ -176,6 +178,11 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
       f", joint CTC/attention scores (ctc_weight {ctc_weight})" if ctc_weight else "") + (
       f", n-best rescored with a word {lm['order']}-gram LM (weight {lm['weight']}, unigram "
       f"{lm['unigram']})" if lm else "")
+  rate = rate_norm_settings(e, stage)
+  if rate["rate_norm_target"]:
+    search += (f", speaking-rate normalisation (CTC greedy density above "
+               f"{rate['rate_norm_target']:g} stretched, at most "
+               f"{rate['rate_norm_max_stretch']:g}x)")
   start = time.time()
   hypotheses = decode_split(params, batcher, translate, progress, config.train.seed, pick)
   references = data.references
@@ -197,7 +204,8 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
             "checkpoint": which, "beam": beam, "length_penalty": length_penalty,
             "max_len": f"{e.max_len_a} * frames + {e.max_len_b}", "min_len": min_len,
             "unk_penalty": unk_penalty, "ctc_weight": ctc_weight,
-            "no_repeat_ngram_size": no_repeat_ngram_size(e, stage), "lm": lm, "search": search,
+            "no_repeat_ngram_size": no_repeat_ngram_size(e, stage), "lm": lm,
+            "rate_norm": rate if rate["rate_norm_target"] else None, "search": search,
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
@@ -237,11 +245,17 @@ def main(argv=None):
   parser.add_argument("--no_repeat_ngram_size", type=int, default=None,
                       help="fairseq --no-repeat-ngram-size: no n-gram twice in a hypothesis; "
                            "0 = off (default: eval.no_repeat_ngram_size)")
+  parser.add_argument("--rate_norm_target", type=float, default=None,
+                      help="speaking-rate normalisation: CTC greedy pieces per encoder position "
+                           "above which an utterance is stretched in time; 0 = off (default: "
+                           "eval.rate_norm_target)")
   args = parser.parse_args(argv)
   config = ckpt_lib.load_config(args.workdir)
-  if args.no_repeat_ngram_size is not None:
-    with config.unlocked():
+  with config.unlocked():
+    if args.no_repeat_ngram_size is not None:
       config.eval.no_repeat_ngram_size = args.no_repeat_ngram_size
+    if args.rate_norm_target is not None:
+      config.eval.rate_norm_target = args.rate_norm_target
   result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
                           args.checkpoint, args.average_last, args.beam, args.lenpen,
                           min_len=args.min_len, ctc_weight=args.ctc_weight,

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_prep.progress import progress_bar
-from multiformer_jax.evaluation import decode
+from multiformer_jax.evaluation import decode, rate_norm
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, PAD_ID, corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
@@ -20,7 +20,8 @@ from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
                    max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
-                   nbest: bool = False, ctc_weight: float = 0.0, no_repeat_ngram_size: int = 0):
+                   nbest: bool = False, ctc_weight: float = 0.0, no_repeat_ngram_size: int = 0,
+                   rate_norm_target: float = 0.0, rate_norm_max_stretch: float = 1.0):
   """-> jitted fn(params, features, lengths, tasks=None, prefix=None, key=None) -> tokens
   [batch, steps] (pad after the end): fairseq's beam search (`decode.beam_search`) with
   max_len = min(max_len_a * frames + max_len_b, max_target_positions - 1) per utterance.
@@ -31,6 +32,9 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   [batch, beam]). ctc_weight > 0: joint CTC/attention decoding with the model's CTC head
   (`decode.beam_search`'s `ctc`); a model without one decodes with attention alone.
   no_repeat_ngram_size: fairseq's --no-repeat-ngram-size (0: off).
+  rate_norm_target > 0: speaking-rate normalisation (`rate_norm`): an utterance whose CTC
+  greedy path has more pieces per encoder position than this is stretched in time by the ratio
+  (at most rate_norm_max_stretch) before the search; max_len counts the frames given.
   """
   cfg = model.config
   if not 0.0 <= ctc_weight <= 1.0:
@@ -39,6 +43,11 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   decode.check_no_repeat_ngram_size(no_repeat_ngram_size,
                                     f"eval.no_repeat_ngram_size={no_repeat_ngram_size}")
   joint_ctc = ctc_weight > 0 and cfg.ctc_scores_output
+  rate_norm.check_settings(rate_norm_target, rate_norm_max_stretch)
+  if rate_norm_target > 0 and not cfg.ctc_head:
+    raise ValueError(f"eval.rate_norm_target={rate_norm_target}: speaking-rate normalisation "
+                     "reads the model's CTC head and this model has none (train with "
+                     "ctc_weight > 0, or set eval.rate_norm_target=0)")
   limit = cfg.max_target_positions - 1
   noisy = cfg.selection_inference == "noisy" and (cfg.encoder_candidates or
                                                   cfg.decoder_candidates)
@@ -51,19 +60,23 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
     else:
       encoder_key, rngs = None, lambda i: {}
     encoder_tasks, decoder_tasks = split_tasks(tasks)
-    encoded, mask = model.apply(variables, features, lengths, True, encoder_tasks,
-                                method=model.encode,
-                                rngs={"selection": encoder_key} if noisy else {})
-    cross_kv = model.apply(variables, encoded, method=model.cross_kv)
     batch = features.shape[0]
     max_steps = min(int(max_len_a * features.shape[1]) + max_len_b, limit) + 1   # static
+    max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
+    encode = lambda f, l, **kw: model.apply(variables, f, l, True, encoder_tasks,
+                                            method=model.encode, **kw,
+                                            rngs={"selection": encoder_key} if noisy else {})
+    if rate_norm_target > 0:
+      features, lengths = _rate_normalised(encode, features, lengths, rate_norm_target,
+                                           rate_norm_max_stretch)
+    encoded, mask = encode(features, lengths)
+    cross_kv = model.apply(variables, encoded, method=model.cross_kv)
     cache = init_cache(cfg, batch * beam, max_steps)
     row_tasks = None if decoder_tasks is None else jnp.repeat(decoder_tasks, beam)  # [b*beam]
 
     def step_fn(tokens, index, cache):
       return model.apply(variables, tokens, index, cache, cross_kv, mask, row_tasks,
                          method=model.decode_step, rngs=rngs(index))
-    max_lengths = decode.max_target_lengths(lengths, max_len_a, max_len_b, limit)
     ctc = None
     if joint_ctc:
       ctc = (model.apply(variables, encoded, method=model.ctc_log_probs),
@@ -75,6 +88,17 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
                                         no_repeat_ngram_size=no_repeat_ngram_size)
     return (tokens, scores) if nbest else tokens
   return jax.jit(translate)
+
+
+def _rate_normalised(encode, features, lengths, target: float, max_stretch: float):
+  """(features, lengths) with each utterance denser than `target` (CTC greedy pieces per
+  encoder position, read by a first pass of `encode`) stretched in time (`rate_norm`)."""
+  _, state = encode(features, lengths, mutable=["ctc"])
+  ctc_logits, ctc_mask = state["ctc"]["logits"][0]
+  density = rate_norm.greedy_density(ctc_logits, ctc_mask, CTC_BLANK_ID)
+  factors = rate_norm.stretch_factors(density, target, max_stretch)
+  out_frames = rate_norm.stretched_frames(features.shape[1], max_stretch)
+  return rate_norm.stretch_features(features, lengths, factors, out_frames)
 
 
 def setting_stages(eval_cfg, key: str, default: tuple) -> tuple:
@@ -95,13 +119,26 @@ def no_repeat_ngram_size(eval_cfg, stage: str | None) -> int:
   return size if stage is None or stage in stages else 0
 
 
+def rate_norm_settings(eval_cfg, stage: str | None) -> dict:
+  """make_translate's rate_norm_* arguments: eval.rate_norm_target and rate_norm_max_stretch
+  where `stage` is in eval.rate_norm_stages (or None), else off (target 0)."""
+  stages = setting_stages(eval_cfg, "rate_norm_stages", ip.TASKS)
+  target = eval_cfg.get("rate_norm_target", 0.0)
+  max_stretch = eval_cfg.get("rate_norm_max_stretch", rate_norm.DEFAULT_MAX_STRETCH)
+  rate_norm.check_settings(target, max_stretch)
+  if stage is not None and stage not in stages:
+    target = 0.0
+  return {"rate_norm_target": target, "rate_norm_max_stretch": max_stretch}
+
+
 def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
                        length_penalty: float | None = None, min_len: int | None = None,
                        ctc_weight: float | None = None, nbest: bool = False,
                        stage: str | None = None):
   """make_translate with a config's eval.* search settings (beam, length penalty, max_len_a/b,
-  min_len, unk_penalty, ctc_weight, and no_repeat_ngram_size where `stage` is in
-  eval.no_repeat_ngram_stages); the arguments given replace theirs."""
+  min_len, unk_penalty, ctc_weight, no_repeat_ngram_size where `stage` is in
+  eval.no_repeat_ngram_stages, speaking-rate normalisation where it is in
+  eval.rate_norm_stages); the arguments given replace theirs."""
   return make_translate(
       model, beam or eval_cfg.beam,
       eval_cfg.length_penalty if length_penalty is None else length_penalty,
@@ -109,7 +146,8 @@ def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
       eval_cfg.get("min_len", 1) if min_len is None else min_len,
       eval_cfg.get("unk_penalty", 0.0), nbest=nbest,
       ctc_weight=eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight,
-      no_repeat_ngram_size=no_repeat_ngram_size(eval_cfg, stage))
+      no_repeat_ngram_size=no_repeat_ngram_size(eval_cfg, stage),
+      **rate_norm_settings(eval_cfg, stage))
 
 
 def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None) -> float:
