@@ -2,7 +2,6 @@
 
 import itertools
 
-import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
@@ -11,8 +10,8 @@ import pytest
 from multiformer_jax.evaluation import rate_norm
 from multiformer_jax.evaluation.inference import make_translate, rate_norm_settings
 from multiformer_jax.evaluation.metrics import CTC_BLANK_ID
-from multiformer_jax.model import S2TModel, init_params
-from multiformer_jax.model.model_config import ModelConfig
+from multiformer_jax.model import S2TModel
+from tests.test_ctc_prefix import tiny_model
 
 
 def numpy_stretch(features, length, factor, out_frames):
@@ -63,15 +62,6 @@ def test_density_and_factors():
   assert density[0] == 0.0
   factors = rate_norm.stretch_factors(jnp.asarray([0.2, 0.6, 0.9]), 0.5, 1.4)
   np.testing.assert_allclose(np.asarray(factors), [1.0, 1.2, 1.4], rtol=1e-6)
-
-
-def tiny_model(ctc_head=True):
-  cfg = ModelConfig(vocab_size=12, input_dim=8, d_model=16, ffn_dim=32, encoder_layers=1,
-                    decoder_layers=1, encoder_layout="1x(4*full)", conv_kernels=(3,),
-                    conv_strides=(2,), conv_channels=16, dropout=0.0, attention_dropout=0.0,
-                    activation_dropout=0.0, max_target_positions=32, ctc_head=ctc_head)
-  model = S2TModel(cfg)
-  return model, init_params(model, jax.random.PRNGKey(3))
 
 
 def model_density(model, params, features, lengths):
@@ -129,7 +119,7 @@ def test_bad_settings_name_the_value_and_what_is_valid():
     make_translate(model, 2, 1.0, 0.0, 5, rate_norm_target=-0.1)
   with pytest.raises(ValueError, match=r"eval.rate_norm_max_stretch=0.5.*\[1, 4\]"):
     make_translate(model, 2, 1.0, 0.0, 5, rate_norm_target=0.5, rate_norm_max_stretch=0.5)
-  plain, _ = tiny_model(ctc_head=False)
+  plain = S2TModel(model.config.__class__(**{**model.config.to_dict(), "ctc_head": False}))
   with pytest.raises(ValueError, match=r"rate_norm_target=0.5.*has none"):
     make_translate(plain, 2, 1.0, 0.0, 5, rate_norm_target=0.5)
 
