@@ -31,11 +31,15 @@ def _tone(seconds, path=None):
 @pytest.fixture(scope="module")
 def evaluated_run(prepared, tmp_path_factory):
   """A tiny two-stage run evaluated on dev from its latest checkpoints, both stages' n-best
-  rescored with a word LM (evaluation settings that translation must follow too)."""
+  rescored with a word LM and their utterances slowed down by speaking-rate normalisation
+  (evaluation settings that translation must follow too)."""
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir, max_updates=4, eval_every=4)
   config.eval.after_training = True
   config.eval.lm_weight, config.eval.lm_stages = 5.0, ("asr", "st")
+  # CTC heads in both stages and speaking-rate normalisation, which translation follows too.
+  config.asr.ctc_weight = config.st.ctc_weight = 0.3
+  config.eval.rate_norm_target = 0.05
   workdir = str(tmp_path_factory.mktemp("translated_run"))
   train.train_and_evaluate(config, workdir)
   return workdir
@@ -179,3 +183,11 @@ def test_the_command_streams_to_a_file_and_a_rerun_skips_what_is_there(evaluated
   assert capsys.readouterr().out.startswith(f"{paths[0]} (1 segment(s))\n  transcript")
   with pytest.raises(ValueError, match="name a .tsv or .jsonl file"):
     translate.main(["--workdir", evaluated_run, "--output", str(tmp_path / "r.txt"), paths[0]])
+
+
+def test_rate_norm_target_replaces_the_runs_and_is_checked(evaluated_run):
+  assert translate.FileTranslator(evaluated_run, ("asr",)).config.eval.rate_norm_target == 0.05
+  off = translate.FileTranslator(evaluated_run, ("asr",), rate_norm_target=0.0)
+  assert off.config.eval.rate_norm_target == 0.0
+  with pytest.raises(ValueError, match=r"eval.rate_norm_target=-1.0"):
+    translate.FileTranslator(evaluated_run, ("asr",), rate_norm_target=-1.0)

@@ -3,10 +3,11 @@
     python -m multiformer_jax.translate --workdir runs/quickstart DIR/*.wav
         [--output results.jsonl | results.tsv] [--stages asr st] [--checkpoint best]
         [--beam 5] [--segment_seconds 20] [--task de] [--target_lang de]
+        [--rate_norm_target 0]
 
 For each file: the transcript (ASR stage) and the translation (ST stage), decoded with the
 run's evaluation settings from its saved config (checkpoint selection, beam, length limits,
-joint CTC weight, word-LM rescoring).
+joint CTC weight, word-LM rescoring, speaking-rate normalisation).
 Audio is read as preparation reads it (any rate and channel count: downmixed and resampled to
 16 kHz mono), turned into the same Kaldi fbank features and normalised as training normalised
 them (data.cmvn). A file longer than --segment_seconds is cut at its pauses (`pauses`) into
@@ -214,16 +215,21 @@ class FileTranslator:
   def __init__(self, workdir: str, stages=("asr", "st"), checkpoint: str | None = None,
                beam: int | None = None, segment_seconds: float = DEFAULT_SEGMENT_SECONDS,
                task: str | None = None, target_lang: str | None = None,
-               batch_frames: int | None = None, max_batch: int | None = None):
+               batch_frames: int | None = None, max_batch: int | None = None,
+               rate_norm_target: float | None = None):
     """batch_frames: padded frames per batch (default: the run's eval.batch_frames); max_batch:
     the most segments a batch holds (e.g. the number of files, so that one file is not padded
-    to a batch of dozens)."""
+    to a batch of dozens); rate_norm_target: speaking-rate normalisation's density target
+    (default: the run's eval.rate_norm_target; 0 = off)."""
     if segment_seconds <= 0:
       raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
     for stage in stages:
       if stage not in ip.TASKS:
         raise ValueError(f"stage {stage!r}; valid: {ip.TASKS}")
     self.config = ckpt_lib.load_config(workdir)
+    if rate_norm_target is not None:
+      with self.config.unlocked():
+        self.config.eval.rate_norm_target = rate_norm_target
     self.stages, self.segment_seconds = tuple(stages), segment_seconds
     self.translators = {stage: StageTranslator(workdir, self.config, stage, checkpoint, beam,
                                                task, target_lang) for stage in self.stages}
@@ -335,6 +341,10 @@ def main(argv=None) -> int:
                            "language (e.g. the source language or the domain)")
   parser.add_argument("--target_lang", default=None,
                       help="one-to-many models: the language to translate into")
+  parser.add_argument("--rate_norm_target", type=float, default=None,
+                      help="speaking-rate normalisation: CTC greedy pieces per encoder position "
+                           "above which a segment is slowed down before decoding; 0 = off "
+                           "(default: the run's eval.rate_norm_target)")
   args = parser.parse_args(argv)
   stages = tuple(args.stages)
   compile_clock.use_compilation_cache(ckpt_lib.load_config(args.workdir))   # before compiling
@@ -346,7 +356,8 @@ def main(argv=None) -> int:
           f"{args.output}; decoding the other {len(paths)}", file=sys.stderr)
   translator = FileTranslator(args.workdir, stages, args.checkpoint, args.beam,
                               args.segment_seconds, args.task, args.target_lang,
-                              args.batch_frames, _batch_cap(len(paths)))
+                              args.batch_frames, _batch_cap(len(paths)),
+                              args.rate_norm_target)
   failed = 0
   with output_lib.ResultWriter(args.output, fmt, stages) as writer:
     bar = progress_bar(total=len(paths), desc="translating", unit="file")
