@@ -131,6 +131,8 @@ def get_config(arg=None):
                                # then optional overrides: "sm,time_mask_p=0.1"
   d.vtlp_warp = 0.0            # training split only: warp each utterance's frequency axis by
                                # alpha ~ U[1 -/+ vtlp_warp] (VTLP; Jaitly & Hinton: 0.1); 0 = off
+  d.noise_prob = 0.0           # training split only: this share of the utterances get white
+  d.noise_snr_db = (10.0, 30.0)  # noise at snr ~ U[noise_snr_db] dB (features.AdditiveNoise)
   d.loader_workers = -1        # background processes assembling training batches; 0 = in the
                                # training loop; -1 = by backend: 0 on CPU (they would take the
                                # step's cores), min(8, cores / 2) with an accelerator

@@ -257,3 +257,58 @@ class VTLP:
       return features
     lower, upper, weight = _vtlp_interpolation(alpha, self.sample_rate, features.shape[1])
     return features[:, lower] + weight * (features[:, upper] - features[:, lower])
+
+
+NOISE_BANK_SECONDS = 30.0
+NOISE_BANK_SEED = 20221128
+
+
+@functools.lru_cache(maxsize=4)
+def white_noise_fbank(sample_rate: int = 16000, num_mel_bins: int = NUM_MEL_BINS) -> np.ndarray:
+  """[frames, bins] log-mel energies of NOISE_BANK_SECONDS of white Gaussian noise at unit
+  standard deviation in 16-bit units, computed by `fbank` itself (pre-emphasis included), from
+  a fixed seed: the noise AdditiveNoise adds."""
+  rng = np.random.default_rng(NOISE_BANK_SEED)
+  samples = rng.standard_normal(int(NOISE_BANK_SECONDS * sample_rate)) / 32768.0
+  return fbank(samples, sample_rate, num_mel_bins)
+
+
+@functools.lru_cache(maxsize=4)
+def _white_noise_power(sample_rate: int, num_mel_bins: int) -> float:
+  """white_noise_fbank's filterbank power, summed over the bins, averaged over the frames."""
+  bank = white_noise_fbank(sample_rate, num_mel_bins)
+  return float(np.exp(bank.astype(np.float64)).sum(axis=1).mean())
+
+
+@dataclasses.dataclass(frozen=True)
+class AdditiveNoise:
+  """White noise added to stored log-mel features at a random signal-to-noise ratio: with
+  probability `prob` an utterance gets a stretch of `white_noise_fbank` (a random offset,
+  wrapping round) scaled so that the utterance's mean filterbank power over the noise's is
+  snr ~ U[snr_db] dB, added in the power domain (log(exp(speech) + exp(noise))), which is the
+  fbank of speech + noise but for the speech-noise cross term, zero on average. Training only.
+  Synthesized speech has silences no recording has (espeak-ng's are digital zeros, at the log
+  floor); the noise fills them and hides detail below its level."""
+  prob: float = 0.5
+  snr_db: tuple[float, float] = (10.0, 30.0)
+  sample_rate: int = 16000
+
+  def __post_init__(self):
+    if not 0.0 <= self.prob <= 1.0:
+      raise ValueError(f"noise prob={self.prob!r}; valid: 0 <= prob <= 1 (0 = off)")
+    snr = tuple(self.snr_db)
+    if len(snr) != 2 or not all(math.isfinite(x) for x in snr) or snr[0] > snr[1]:
+      raise ValueError(f"noise snr_db={self.snr_db!r}; valid: (low, high) finite dB with "
+                       f"low <= high, e.g. (10, 30)")
+
+  def __call__(self, features: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[frames, bins] log-mel energies (before CMVN) -> the same with noise, or unchanged."""
+    if rng.uniform() >= self.prob or len(features) == 0:
+      return features
+    snr = rng.uniform(*self.snr_db)
+    bank = white_noise_fbank(self.sample_rate, features.shape[1])
+    start = int(rng.integers(len(bank)))
+    noise = np.take(bank, np.arange(start, start + len(features)), axis=0, mode="wrap")
+    speech_power = np.exp(features.astype(np.float64)).sum(axis=1).mean()
+    gain = math.log(speech_power / _white_noise_power(self.sample_rate, features.shape[1])) - snr * math.log(10.0) / 10.0
+    return np.logaddexp(features, noise + np.float32(gain)).astype(np.float32)

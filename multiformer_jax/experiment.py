@@ -34,6 +34,8 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       specaugment_policy=d.get("specaugment_policy", ip.PipelineConfig.specaugment_policy),
       vtlp_warp=(d.get("vtlp_warp", ip.PipelineConfig.vtlp_warp) if split_kind == "train"
                  else 0.0),
+      noise_prob=d.get("noise_prob", 0.0) if split_kind == "train" else 0.0,
+      noise_snr_db=tuple(d.get("noise_snr_db", ip.PipelineConfig.noise_snr_db)),
       seed=d.seed, source_ctc=task == "st" and stage_ctc_weight(config, "st") > 0,
       target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from data_prep import corpora, prepare
-from data_prep.features import VTLP, SpecAugment, fbank, utterance_cmvn
+from data_prep.features import (VTLP, AdditiveNoise, SpecAugment, fbank, utterance_cmvn,
+                                white_noise_fbank)
 from multiformer_jax.data import input_pipeline as ip
 from tests.kaldi_reference import kaldi_fbank
 
@@ -179,6 +180,109 @@ def test_training_batches_apply_vtlp_before_cmvn_and_evaluation_none(prepared):
   full.data.vtlp_warp = 0.08
   assert experiment.pipeline_config(full, "asr").vtlp_warp == 0.08
   assert experiment.pipeline_config(full, "asr", "test").vtlp_warp == 0.0
+
+
+def _tone_bursts(seconds=2.0):
+  """A 440 Hz tone switched on and off three times a second, digital zeros in between (as
+  espeak-ng's silences are)."""
+  t = np.arange(int(16000 * seconds)) / 16000
+  return 0.3 * np.sin(2 * np.pi * 440 * t) * (np.sin(2 * np.pi * 1.5 * t) > 0)
+
+
+def test_white_noise_fbank_is_the_fbank_of_its_seeded_noise():
+  from data_prep import features
+  samples = np.random.default_rng(features.NOISE_BANK_SEED).standard_normal(
+      int(features.NOISE_BANK_SECONDS * 16000)) / 32768.0
+  np.testing.assert_array_equal(white_noise_fbank(), fbank(samples))
+  assert white_noise_fbank().shape == (2998, 80)
+
+
+def test_additive_noise_is_the_fbank_of_speech_plus_noise():
+  """Adding in the power domain equals the fbank of the waveform plus the noise waveform: to
+  float precision on the digitally silent frames, and to within the speech-noise cross term
+  (small on average) elsewhere."""
+  from data_prep import features
+  wave = _tone_bursts()
+  noise = np.random.default_rng(features.NOISE_BANK_SEED).standard_normal(len(wave)) / 32768.0
+  amplitude = 50.0
+  speech, bank = fbank(wave), white_noise_fbank()
+  expected = fbank(wave + amplitude * noise)
+  added = np.logaddexp(speech, bank[:len(speech)] + np.float32(2 * math.log(amplitude)))
+  silent = speech.max(axis=1) < -15                      # frames at the log floor
+  assert 0.2 < silent.mean() < 0.8
+  np.testing.assert_allclose(added[silent], expected[silent], atol=1e-3)
+  assert np.abs(added - expected).mean() < 0.05
+
+
+def test_additive_noise_draws_a_stretch_of_the_bank_at_the_drawn_snr():
+  """The noise added (exp(noisy) - exp(speech)) is a contiguous stretch of the bank, wrapping
+  round, times one gain; its mean power over the speech's is the SNR the rng drew."""
+  speech = fbank(_tone_bursts(40.0))                     # longer than the bank: wraps round
+  bank = white_noise_fbank()
+  for seed in range(3):
+    noisy = AdditiveNoise(1.0, (5.0, 25.0))(speech, np.random.default_rng(seed))
+    replay = np.random.default_rng(seed)
+    replay.uniform()
+    snr, start = replay.uniform(5.0, 25.0), int(replay.integers(len(bank)))
+    speech64, noisy64 = speech.astype(np.float64), noisy.astype(np.float64)
+    with np.errstate(divide="ignore"):    # log 0 where the noise is below float32's resolution
+      added = np.log(np.exp(noisy64) - np.exp(speech64))  # [frames, bins]
+    window = np.take(bank, np.arange(start, start + len(speech)), axis=0, mode="wrap")
+    gain = added - window
+    loud = noisy64 - speech64 > 1.0                      # where the noise dominates: exact logs
+    assert loud.mean() > 0.2
+    assert np.ptp(gain[loud]) < 1e-3                      # one gain for every frame and bin
+    measured = 10 * np.log10(np.exp(speech64).sum(1).mean()
+                             / np.exp(window + np.median(gain[loud])).sum(1).mean())
+    assert abs(measured - snr) < 0.01
+    assert np.all(noisy >= speech - 1e-6)
+
+
+def test_additive_noise_prob_and_bad_values():
+  x = RNG.normal(size=(50, 80)).astype(np.float32)
+  np.testing.assert_array_equal(AdditiveNoise(0.0)(x, np.random.default_rng(0)), x)
+  changed = [not np.array_equal(AdditiveNoise(0.3)(x, np.random.default_rng(s)), x)
+             for s in range(400)]
+  assert 0.22 < np.mean(changed) < 0.38
+  assert AdditiveNoise(1.0)(np.zeros((0, 80), np.float32), np.random.default_rng(0)).shape == (0, 80)
+  for prob in (-0.1, 1.5):
+    with pytest.raises(ValueError, match=f"prob={prob}.*0 <= prob <= 1"):
+      AdditiveNoise(prob)
+  for snr in ((30.0, 10.0), (5.0,), (float("nan"), 3.0)):
+    with pytest.raises(ValueError, match="snr_db=.*low <= high"):
+      AdditiveNoise(0.5, snr)
+  with pytest.raises(ValueError, match="data.noise_prob"):
+    ip.PipelineConfig(prepared_dir="unused", noise_prob=2.0)
+  with pytest.raises(ValueError, match="data.noise_snr_db"):
+    ip.PipelineConfig(prepared_dir="unused", noise_prob=0.5, noise_snr_db=(20.0, 0.0))
+
+
+def test_training_batches_add_noise_before_cmvn_and_evaluation_none(prepared):
+  from configs import default
+  from multiformer_jax import experiment
+  _, out = prepared
+  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4, specaugment=False,
+                             noise_prob=0.5, noise_snr_db=(10.0, 20.0), seed=4)
+  batcher = ip.Batcher(ip.SplitData(config, "train"), True, 1, 0, 1)
+  noisy_rows = clean_rows = 0
+  for bucket, indices in batcher.epoch_plan(1)[:3]:
+    batch = batcher.assemble(bucket, indices, 1)
+    for row, i in enumerate(batch["index"]):
+      if i < 0:
+        continue
+      raw = batcher.data.fbank(i)
+      expected = ip.apply_cmvn(AdditiveNoise(0.5, (10.0, 20.0))(
+          raw, np.random.default_rng([4, 1, int(i), ip.NOISE_STREAM])), config.cmvn)
+      np.testing.assert_allclose(batch["features"][row, :len(raw)], expected, atol=1e-5)
+      same = np.allclose(expected, ip.apply_cmvn(raw, config.cmvn), atol=1e-3)
+      noisy_rows, clean_rows = noisy_rows + (not same), clean_rows + same
+  assert noisy_rows > 0 and clean_rows > 0
+  assert ip.Batcher(ip.SplitData(config, "dev"), False, 1, 0, 1).noise is None
+  full = default.get_config()
+  full.data.noise_prob, full.data.noise_snr_db = 0.25, (5.0, 15.0)
+  train = experiment.pipeline_config(full, "asr")
+  assert (train.noise_prob, train.noise_snr_db) == (0.25, (5.0, 15.0))
+  assert experiment.pipeline_config(full, "asr", "test").noise_prob == 0.0
 
 
 def test_mustc_reader_round_trip(prepared):

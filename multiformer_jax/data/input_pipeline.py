@@ -54,6 +54,7 @@ from data_prep import fairseq_data, index_io, tfds_dataset, vocab
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
 VTLP_STREAM = 1   # a training utterance's VTLP warp: rng [seed, epoch, utterance, VTLP_STREAM]
+NOISE_STREAM = 2  # its additive noise: rng [seed, epoch, utterance, NOISE_STREAM]
 TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
 
 
@@ -69,6 +70,8 @@ class PipelineConfig:
   specaugment: bool = True         # training split only
   specaugment_policy: str = "lb"   # data_prep.features.SpecAugment.from_policy
   vtlp_warp: float = 0.0           # training split only: data_prep.features.VTLP; 0 = off
+  noise_prob: float = 0.0          # training split only: data_prep.features.AdditiveNoise
+  noise_snr_db: tuple[float, float] = (10.0, 30.0)
   seed: int = 0
   target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
   source_ctc: bool = False         # st: batches also carry the source transcript in the ASR
@@ -88,6 +91,10 @@ class PipelineConfig:
       features_lib.VTLP(self.vtlp_warp)
     except ValueError as e:
       raise ValueError(f"data.vtlp_warp: {e}") from None
+    try:
+      features_lib.AdditiveNoise(self.noise_prob, tuple(self.noise_snr_db))
+    except (ValueError, TypeError) as e:
+      raise ValueError(f"data.noise_prob / data.noise_snr_db: {e}") from None
 
 
 def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
@@ -408,6 +415,8 @@ class Batcher:
     self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)
                          if (train and cfg.specaugment) else None)
     self.vtlp = features_lib.VTLP(cfg.vtlp_warp) if (train and cfg.vtlp_warp > 0) else None
+    self.noise = (features_lib.AdditiveNoise(cfg.noise_prob, tuple(cfg.noise_snr_db))
+                  if (train and cfg.noise_prob > 0) else None)
 
   @property
   def shapes(self) -> list[tuple[int, int, int]]:
@@ -456,6 +465,8 @@ class Batcher:
       fbank = data.fbank(i)
       if self.vtlp is not None:     # on the log-mel energies, before normalisation
         fbank = self.vtlp(fbank, np.random.default_rng([cfg.seed, epoch, int(i), VTLP_STREAM]))
+      if self.noise is not None:    # the channel's, after the speaker's warp
+        fbank = self.noise(fbank, np.random.default_rng([cfg.seed, epoch, int(i), NOISE_STREAM]))
       fbank = apply_cmvn(fbank, cfg.cmvn, data.gcmvn)
       if self.spec_augment is not None:
         fbank = self.spec_augment(fbank, np.random.default_rng([cfg.seed, epoch, int(i)]))
