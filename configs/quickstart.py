@@ -143,11 +143,12 @@ def get_config(arg=None):
   # so ST decodes without.
   e.lm_weight, e.lm_stages = 0.3, ("asr",)
   # Speaking-rate normalisation (evaluation/rate_norm.py): an utterance whose CTC greedy path
-  # has more than 0.5 pieces per encoder position is stretched in time before the search. The
-  # ASR stage's dev WER: 11.99 off, 12.49 / 11.58 / 11.60 / 11.86 at 0.45 / 0.5 / 0.55 / 0.6;
-  # ST's dev BLEU did not move beyond noise (15.36 off, 15.08 / 15.28 / 15.62 at 0.5 / 0.55 /
-  # 0.6), one target serves both (docs/notes/2026-11-28-speaking-rate-normalisation.md).
-  e.rate_norm_target = 0.5
+  # has more than 0.5 pieces per encoder position is stretched in time before the ASR search.
+  # The ASR stage's dev WER: 11.99 off, 12.49 / 11.58 / 11.60 / 11.86 at 0.45 / 0.5 / 0.55 /
+  # 0.6 (docs/notes/2026-11-28-speaking-rate-normalisation.md). Not in the ST search: dev BLEU
+  # 15.36 off against 15.08 at 0.5 with this recipe's model, 16.44 against 15.78 with `:long`'s
+  # (docs/notes/2026-11-28-additive-noise.md).
+  e.rate_norm_target, e.rate_norm_stages = 0.5, ("asr",)
   # The ST search never repeats a 4-gram of pieces (fairseq's --no-repeat-ngram-size): the
   # undertrained decoder otherwise loops on letter pieces ("ENTONCENTONCEN..."). Dev BLEU of one
   # model: 8.35 without, 7.93 / 8.39 / 8.86 / 8.80 / 8.68 with n = 2 / 3 / 4 / 5 / 6.
