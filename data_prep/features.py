@@ -310,5 +310,6 @@ class AdditiveNoise:
     start = int(rng.integers(len(bank)))
     noise = np.take(bank, np.arange(start, start + len(features)), axis=0, mode="wrap")
     speech_power = np.exp(features.astype(np.float64)).sum(axis=1).mean()
-    gain = math.log(speech_power / _white_noise_power(self.sample_rate, features.shape[1])) - snr * math.log(10.0) / 10.0
+    noise_power = _white_noise_power(self.sample_rate, features.shape[1])
+    gain = math.log(speech_power / noise_power) - snr * math.log(10.0) / 10.0
     return np.logaddexp(features, noise + np.float32(gain)).astype(np.float32)

@@ -244,7 +244,8 @@ def test_additive_noise_prob_and_bad_values():
   changed = [not np.array_equal(AdditiveNoise(0.3)(x, np.random.default_rng(s)), x)
              for s in range(400)]
   assert 0.22 < np.mean(changed) < 0.38
-  assert AdditiveNoise(1.0)(np.zeros((0, 80), np.float32), np.random.default_rng(0)).shape == (0, 80)
+  empty = np.zeros((0, 80), np.float32)
+  assert AdditiveNoise(1.0)(empty, np.random.default_rng(0)).shape == (0, 80)
   for prob in (-0.1, 1.5):
     with pytest.raises(ValueError, match=f"prob={prob}.*0 <= prob <= 1"):
       AdditiveNoise(prob)
