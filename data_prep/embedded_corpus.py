@@ -71,8 +71,9 @@ EXTRA_TRAINING_VARIANTS = sum(EXTRA_TRAINING_VARIANTS_BY_SEX.values(), ())
 SPLITS = ("train", "dev", "tst-COMMON")
 # tst-COMMON's sentences spoken by a synthesizer family that no training or dev utterance uses.
 UNSEEN_SYNTH_SPLIT = "tst-unseen-synth"
-ENGINES = ("espeak", "flite", "festival")
-ENGINE_VOICES = {"flite": synthesizers.FLITE_VOICES, "festival": synthesizers.FESTIVAL_VOICES}
+ENGINES = ("espeak", "flite", "festival", "mbrola")
+ENGINE_VOICES = {"flite": synthesizers.FLITE_VOICES, "festival": synthesizers.FESTIVAL_VOICES,
+                 "mbrola": synthesizers.MBROLA_VOICES}
 COMPLETE = ".complete.json"
 
 
@@ -211,7 +212,7 @@ def bible_pairs(spec: CorpusSpec, source: str, target: str, log=print) -> list[t
 
 
 def synthesizer_cache(spec: CorpusSpec) -> str:
-  """Where flite and festival are unpacked: beside the wheel cache."""
+  """Where flite, festival and MBROLA are unpacked: beside the wheel cache."""
   return os.path.join(os.path.dirname(spec.wheel_cache or po_text.default_wheel_cache()),
                       "synthesizers")
 
@@ -252,11 +253,14 @@ def _engine_problem(engine: str, cache_dir: str) -> str:
 
 
 def _engine_speakers(rng, language: str, engine: str, per_voice: int,
-                     sexes=("female", "male")) -> list[list[Voice]]:
-  """[per voice of `engine`: its speakers], each with its own rate and pitch."""
+                     sexes=("female", "male"), names=None) -> list[list[Voice]]:
+  """[per voice of `engine` (of `names` only, if given): its speakers], each with its own rate
+  and pitch."""
   groups = []
   for sex in sexes:
     for name in ENGINE_VOICES[engine].get(sex, ()):
+      if names is not None and name not in names:
+        continue
       groups.append([Voice(ESPEAK_VOICE[language], name, int(rng.integers(140, 201)),
                            int(rng.integers(30, 71)), engine) for _ in range(per_voice)])
   return groups
@@ -354,12 +358,23 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, wheels: dict[str,
     plan[split] = talks
   if spec.unseen_synthesizer:
     unseen_rng = stream(17)
-    voices = sum(_engine_speakers(unseen_rng, source, spec.unseen_synthesizer, 2), [])
+    voices = sum(_engine_speakers(unseen_rng, source, spec.unseen_synthesizer, 2,
+                                  names=unseen_voices(spec)), [])
     segments = [Segment(*pairs[index], voices[n % len(voices)])
                 for n, index in enumerate(split_pairs["tst-COMMON"])]
     plan[UNSEEN_SYNTH_SPLIT] = [segments[start:start + spec.segments_per_talk]
                                 for start in range(0, len(segments), spec.segments_per_talk)]
   return plan
+
+
+def unseen_voices(spec: CorpusSpec) -> tuple[str, ...]:
+  """The unseen synthesizer's voices that speak UNSEEN_SYNTH_SPLIT: all but those made from the
+  same speaker as a training voice (festival's kal_diphone is flite's kal16)."""
+  training = {(engine, name) for engine in spec.synthesizers if engine != "espeak"
+              for names in ENGINE_VOICES[engine].values() for name in names}
+  engine = spec.unseen_synthesizer
+  return tuple(name for names in ENGINE_VOICES[engine].values() for name in names
+               if synthesizers.SAME_SPEAKER.get((engine, name)) not in training)
 
 
 def _other_engine_voice(rng, groups, speakers_of, pick_rng) -> Voice:
@@ -396,8 +411,8 @@ def _engine(engine: str, cache_dir: str):
   """This process's synthesizer of `engine` (made once)."""
   if engine not in _SYNTHS:
     _SYNTHS[engine] = (Synthesizer() if engine == "espeak" else
-                       {"flite": synthesizers.Flite,
-                        "festival": synthesizers.Festival}[engine](cache_dir))
+                       {"flite": synthesizers.Flite, "festival": synthesizers.Festival,
+                        "mbrola": synthesizers.Mbrola}[engine](cache_dir))
   return _SYNTHS[engine]
 
 
@@ -446,6 +461,8 @@ def _spec_json(spec: CorpusSpec) -> str:
       del fields[name]
   if "synthesizers" in fields:
     fields["synthesizers"] = list(fields["synthesizers"])
+  if spec.unseen_synthesizer:       # builds of before the split left out training voices' twins
+    fields["unseen_voices"] = list(unseen_voices(spec))
   if "bible" in spec.text:       # Bible text of before the capitals were truecased: rebuilt
     fields["bible_text"] = "truecased"
   return json.dumps(dict(fields, voices=split_variants(spec.seed)), sort_keys=True)
@@ -546,10 +563,11 @@ def main(argv=None):
                            f"German-English example sentences, ~15k; bible: English-Spanish "
                            f"verses)")
   parser.add_argument("--synthesizers", default="espeak",
-                      help="training speakers' synthesizers: espeak plus any of flite, festival")
+                      help="training speakers' synthesizers: espeak plus any of flite, festival, "
+                           "mbrola")
   parser.add_argument("--unseen-synthesizer", default="",
                       help=f"build {UNSEEN_SYNTH_SPLIT}: tst-COMMON's sentences spoken by this "
-                           f"synthesizer (flite or festival, not among --synthesizers)")
+                           f"synthesizer (flite, festival or mbrola, not among --synthesizers)")
   parser.add_argument("--other-synthesizer-share", type=float, default=0.0,
                       help="share of the training utterances spoken by the synthesizers "
                            "besides espeak (0: as often as their voices are among all)")

@@ -34,10 +34,11 @@ _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctype
 @dataclasses.dataclass(frozen=True)
 class Voice:
   """A synthetic speaker: voice + variant, words per minute, pitch (0-99), and the synthesizer
-  (`engine`): espeak-ng here, flite or festival in data_prep/synthesizers.py, whose variants
-  are their voices (e.g. flite's "slt")."""
+  (`engine`): espeak-ng here, flite, festival or mbrola in data_prep/synthesizers.py, whose
+  variants are their voices (e.g. flite's "slt")."""
   language: str     # espeak voice name, e.g. "en-us", "de"
-  variant: str      # e.g. "m3", "f2"; flite: kal16, awb, rms, slt; festival: kal_diphone
+  variant: str      # e.g. "m3", "f2"; flite: kal16, awb, rms, slt; festival: kal_diphone;
+                    # mbrola: us1, us2, us3, en1
   rate: int
   pitch: int
   engine: str = "espeak"

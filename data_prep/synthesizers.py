@@ -1,14 +1,21 @@
-"""Speech synthesizers beyond espeak-ng for the embedded corpus: flite and festival.
+"""Speech synthesizers beyond espeak-ng for the embedded corpus: flite, festival and MBROLA.
 
-Both come from Debian's packages, fetched without root into a cache (`debian_packages`) and
+All come from Debian's packages, fetched without root into a cache (`debian_packages`) and
 run as programs with LD_LIBRARY_PATH pointing into the unpacked libraries, so a corpus hears
-voices of three synthesizer families:
+voices of four synthesizer families:
 - flite (CMU Flite 2.2): `kal16`, `awb`, `rms` (male) and `slt` (female), 16 kHz; a speaker's
   rate is flite's duration_stretch, its pitch the intonation model's mean F0.
-- festival (2.5) with its `kal_diphone` voice (Debian's festvox-kallpc16k, 16 kHz); a
-  speaker's rate is festival's Duration_Stretch. festival links libsndfile, which Debian
+- festival (2.5) with its `kal_diphone` and `ked_diphone` voices (Debian's festvox-kallpc16k and
+  festvox-kdlpc16k, 16 kHz); a speaker's rate is festival's Duration_Stretch. kal_diphone is
+  made of the same speaker's diphones as flite's kal16 (SAME_SPEAKER). festival links libsndfile, which Debian
   packages with a dozen codec libraries; the copy bundled in the `soundfile` wheel (a
   requirement) stands in for it.
+- MBROLA (3.3) diphone voices `us1` (female), `us2`, `us3` (American male) and `en1` (British
+  male), read by Debian's espeak-ng (its text analysis, durations and intonation; the
+  espeakng-loader wheel's library is built without MBROLA). The voices are in Debian's
+  non-free section (licensed for speech made with the MBROLA program only, not to be sold;
+  /usr/share/doc/mbrola-us1/copyright in the package); `debian_packages` finds them where the
+  machine's apt lists main only.
 
 `Voice.engine` names the synthesizer; `Voice.rate` is words per minute as espeak-ng's (175 =
 each synthesizer's own speed) and `Voice.pitch` 0-99 as espeak-ng's (50 = the voice's own).
@@ -17,6 +24,7 @@ A synthesizer that cannot be had raises SynthesizerUnavailable saying what is mi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -31,9 +39,32 @@ NATURAL_RATE = 175           # espeak-ng's default words per minute: duration st
 FLITE_VOICES = {"male": ("kal16", "awb", "rms"), "female": ("slt",)}
 FLITE_F0 = {"kal16": 105.0, "awb": 110.0, "rms": 100.0, "slt": 180.0}   # Hz, the voice's own
 FLITE_PACKAGES = ("flite", "libflite1")
-FESTIVAL_VOICES = {"male": ("kal_diphone",)}
+FESTIVAL_VOICES = {"male": ("kal_diphone", "ked_diphone")}
 FESTIVAL_PACKAGES = ("festival", "libestools2.5", "libpulse0", "libasyncns0", "festlex-cmu",
-                     "festlex-poslex", "festvox-kallpc16k")
+                     "festlex-poslex", "festvox-kallpc16k", "festvox-kdlpc16k")
+# (engine, voice) pairs built from one speaker's recordings: flite's kal16 is festival's KAL
+# diphone database. A split of voices never heard leaves out the twins of training voices.
+SAME_SPEAKER = {("festival", "kal_diphone"): ("flite", "kal16"),
+                ("flite", "kal16"): ("festival", "kal_diphone")}
+# espeak-ng's Debian build (the wheel's library has no MBROLA support) reading the text, MBROLA's
+# diphone voices speaking it; the voices are in Debian's non-free section.
+# Voice names are espeak-ng's (mb-{name}); "de4-en" is English spoken with MBROLA's German de4
+# diphones (an accent), "us1" American English.
+MBROLA_VOICES = {
+    "male": ("us2", "us3", "en1", "af1-en", "de2-en", "de4-en", "de6-en", "fr1-en", "gr2-en",
+             "nl2-en", "pl1-en", "ro1-en", "sw1-en"),
+    "female": ("us1", "de1-en", "de3-en", "de5-en", "fr4-en", "hu1-en", "sw2-en")}
+
+
+def mbrola_database(voice: str) -> str:
+  """The MBROLA diphone database of an espeak-ng mb- voice: "de4-en" -> "de4"."""
+  return voice.split("-")[0]
+
+
+MBROLA_PACKAGES = ("espeak-ng", "libespeak-ng1", "espeak-ng-data", "libpcaudio0", "libsonic0",
+                   "libpulse0", "libasyncns0", "mbrola") + tuple(dict.fromkeys(
+                       f"mbrola-{mbrola_database(name)}" for names in MBROLA_VOICES.values()
+                       for name in names))
 LIB_DIR = os.path.join("usr", "lib", "x86_64-linux-gnu")
 FESTIVAL_DIR = os.path.join("usr", "share", "festival")
 
@@ -72,10 +103,10 @@ def _library_path(roots) -> str:
   return os.pathsep.join(dirs + [os.environ.get("LD_LIBRARY_PATH", "")]).strip(os.pathsep)
 
 
-def _run(command, env, what: str):
+def _run(command, env, what: str, text_input=None):
   try:
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
-                          check=False)
+                          check=False, input=text_input)
   except (OSError, subprocess.TimeoutExpired) as error:
     raise SynthesizerUnavailable(f"{what} could not run: {error}") from error
   if done.returncode:
@@ -121,8 +152,10 @@ class Festival:
   def __init__(self, cache_dir: str):
     roots = _unpacked(FESTIVAL_PACKAGES, cache_dir, "festival")
     self.binary = os.path.join(roots["festival"], "usr", "bin", "festival")
-    # One festival library folder: the program's scheme files, the lexicons and the voice.
-    self.lib_dir = os.path.join(cache_dir, "festival-lib")
+    # One festival library folder: the program's scheme files, the lexicons and the voices,
+    # named by the packages it holds (a cache of fewer voices is not reused).
+    packages_key = hashlib.sha1(" ".join(FESTIVAL_PACKAGES).encode()).hexdigest()[:8]
+    self.lib_dir = os.path.join(cache_dir, f"festival-lib-{packages_key}")
     if not os.path.isdir(self.lib_dir):
       staging = self.lib_dir + ".tmp"
       shutil.rmtree(staging, ignore_errors=True)
@@ -157,6 +190,57 @@ class Festival:
     samples, rate = read_wav(out)
     if rate != self.sample_rate:
       raise SynthesizerUnavailable(f"festival voice {voice.variant} speaks at {rate} Hz")
+    return samples
+
+
+class Mbrola:
+  """espeak-ng's front end with MBROLA's diphone voices, as a program: synthesize(text, voice)
+  -> int16 samples at `sample_rate`. A speaker's rate and pitch are espeak-ng's -s and -p."""
+
+  sample_rate = 16000
+
+  def __init__(self, cache_dir: str):
+    roots = _unpacked(MBROLA_PACKAGES, cache_dir, "espeak-ng with MBROLA voices")
+    self.binary = os.path.join(roots["espeak-ng"], "usr", "bin", "espeak-ng")
+    # One espeak-ng data folder (Debian's, which has the mb-* voices and their phoneme tables)
+    # with each MBROLA voice file at mbrola/{name}, where espeak-ng looks first.
+    self.data_parent = os.path.join(cache_dir, "mbrola-espeak-ng")
+    if not os.path.isdir(self.data_parent):
+      staging = self.data_parent + ".tmp"
+      shutil.rmtree(staging, ignore_errors=True)
+      data = os.path.join(staging, "espeak-ng-data")
+      shutil.copytree(os.path.join(roots["espeak-ng-data"], LIB_DIR, "espeak-ng-data"), data,
+                      symlinks=True)
+      os.makedirs(os.path.join(data, "mbrola"), exist_ok=True)
+      for package, root in roots.items():
+        if package.startswith("mbrola-"):
+          name = package[len("mbrola-"):]
+          os.symlink(os.path.join(root, "usr", "share", "mbrola", name, name),
+                     os.path.join(data, "mbrola", name))
+      os.replace(staging, self.data_parent)
+    libs = os.path.join(cache_dir, "festival-libsndfile")   # libpulse0 links libsndfile
+    os.makedirs(libs, exist_ok=True)
+    if not os.path.exists(os.path.join(libs, "libsndfile.so.1")):
+      os.symlink(_bundled_libsndfile(), os.path.join(libs, "libsndfile.so.1"))
+    mbrola_bin = os.path.join(roots["mbrola"], "usr", "bin")   # espeak-ng runs `mbrola`
+    self.env = dict(os.environ, LD_LIBRARY_PATH=_library_path(roots.values()) + os.pathsep +
+                    libs, PATH=mbrola_bin + os.pathsep + os.environ.get("PATH", ""))
+    self._work = tempfile.TemporaryDirectory(prefix="mbrola-")
+
+  def synthesize(self, text: str, voice) -> np.ndarray:
+    valid = sum(MBROLA_VOICES.values(), ())
+    if voice.variant not in valid:
+      raise ValueError(f"MBROLA voice {voice.variant!r}; valid: {sorted(valid)}")
+    out = os.path.join(self._work.name, "out.wav")
+    _run([self.binary, f"--path={self.data_parent}", "-v", f"mb-{voice.variant}", "-s",
+          str(voice.rate), "-p", str(voice.pitch), "-w", out, "--stdin"], self.env,
+         "espeak-ng with MBROLA", text_input=text)
+    samples, rate = read_wav(out)
+    if rate != self.sample_rate:         # some databases are 22.05 kHz (de3, de5, de6, ...)
+      import soxr  # pylint: disable=import-outside-toplevel
+      samples = np.clip(np.round(soxr.resample(samples.astype(np.float32), rate,
+                                               self.sample_rate)), -32768, 32767)
+      samples = samples.astype(np.int16)
     return samples
 
 

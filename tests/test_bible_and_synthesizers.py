@@ -133,20 +133,22 @@ def _stand_in(root, name, body):
 
 
 WRITE_WAV = '''
-def write(out, seconds):
+def write(out, seconds, rate=16000):
   with wave.open(out, "wb") as f:
-    f.setnchannels(1); f.setsampwidth(2); f.setframerate(16000)
-    f.writeframes(b"\\x10\\x00" * int(16000 * seconds))
+    f.setnchannels(1); f.setsampwidth(2); f.setframerate(rate)
+    f.writeframes(b"\\x10\\x00" * int(rate * seconds))
 open(sys.argv[0] + ".calls", "a").write(repr(sys.argv[1:]) + "\\n")
 '''
 
 
 @pytest.fixture
 def stand_in_synthesizers(tmp_path, monkeypatch):
-  """flite and festival as stand-in programs that record their arguments and write 16 kHz
-  audio whose length is the duration stretch (flite) or 1 s (festival)."""
+  """flite, festival and espeak-ng (MBROLA's front end) as stand-in programs that record their
+  arguments and write 16 kHz audio whose length is the duration stretch (flite), 1 s
+  (festival) or 175 / rate s (espeak-ng, which also records its input and `mbrola`'s place)."""
   roots = {package: tmp_path / package for package in
-           synthesizers.FLITE_PACKAGES + synthesizers.FESTIVAL_PACKAGES}
+           synthesizers.FLITE_PACKAGES + synthesizers.FESTIVAL_PACKAGES +
+           synthesizers.MBROLA_PACKAGES}
   _stand_in(roots["flite"], "flite", WRITE_WAV + '''
 args = sys.argv[1:]
 stretch = float([a for a in args if a.startswith("duration_stretch=")][0].split("=")[1])
@@ -156,6 +158,21 @@ write(args[args.index("-o") + 1], stretch)
 script = open(sys.argv[-1]).read()
 write(re.search(r'utt.save.wave utt "([^"]+)"', script).group(1), 1.0)
 ''')
+  _stand_in(roots["espeak-ng"], "espeak-ng", WRITE_WAV + '''
+import os, shutil
+args = sys.argv[1:]
+open(sys.argv[0] + ".input", "a").write(repr((sys.stdin.read(), shutil.which("mbrola"))) + "\\n")
+write(args[args.index("-w") + 1], 175 / int(args[args.index("-s") + 1]),
+      22050 if "de6" in args[args.index("-v") + 1] else 16000)
+''')
+  _stand_in(roots["mbrola"], "mbrola", "")
+  (roots["espeak-ng-data"] / synthesizers.LIB_DIR / "espeak-ng-data" / "voices").mkdir(
+      parents=True)
+  for name in {synthesizers.mbrola_database(v) for v in sum(synthesizers.MBROLA_VOICES.values(),
+                                                             ())}:
+    voice = roots[f"mbrola-{name}"] / "usr" / "share" / "mbrola" / name / name
+    voice.parent.mkdir(parents=True)
+    voice.write_bytes(b"diphones")
   (roots["festival"] / synthesizers.FESTIVAL_DIR).mkdir(parents=True)
   monkeypatch.setattr(debian_packages, "fetch_all",
                       lambda packages, cache: {p: str(roots[p]) for p in packages})
@@ -184,6 +201,30 @@ def test_flite_and_festival_are_driven_as_programs(stand_in_synthesizers, tmp_pa
   assert args[0] == "--libdir" and args[-2] == "-b"
 
 
+def test_mbrola_voices_speak_through_debians_espeak_ng(stand_in_synthesizers, tmp_path):
+  """espeak-ng reads the text from stdin (a text starting with '-' is no option), finds
+  `mbrola` on its PATH and each voice file at espeak-ng-data/mbrola/{name}."""
+  mbrola = synthesizers.Mbrola(str(tmp_path / "cache"))
+  audio = mbrola.synthesize("-5 degrees.", Voice("en-us", "us1", 140, 60, "mbrola"))
+  assert audio.dtype == np.int16 and len(audio) == int(16000 * 175 / 140)
+  root = stand_in_synthesizers["espeak-ng"]
+  (args,) = _calls(root, "espeak-ng")
+  data_parent = args[0].split("=", 1)[1]
+  assert args[0].startswith("--path=") and args[1:7] == ["-v", "mb-us1", "-s", "140", "-p", "60"]
+  inputs = (root / "usr" / "bin" / "espeak-ng.input").read_text().splitlines()
+  (said,) = [eval(line) for line in inputs]  # pylint: disable=eval-used
+  assert said == ("-5 degrees.", str(stand_in_synthesizers["mbrola"] / "usr" / "bin" / "mbrola"))
+  for name in ("us1", "us2", "us3", "en1", "de6"):
+    with open(os.path.join(data_parent, "espeak-ng-data", "mbrola", name), "rb") as f:
+      assert f.read() == b"diphones"
+  # de6 is a 22.05 kHz database: its audio comes back at 16 kHz, as long.
+  accented = mbrola.synthesize("Yes.", Voice("en-us", "de6-en", 175, 50, "mbrola"))
+  assert abs(len(accented) - 16000) <= 1 and np.all(accented[100:-100] == 16)
+  assert _calls(root, "espeak-ng")[-1][1:3] == ["-v", "mb-de6-en"]
+  with pytest.raises(ValueError, match="MBROLA voice 'slt'; valid: .*'us1'"):
+    mbrola.synthesize("x.", Voice("en-us", "slt", 140, 60, "mbrola"))
+
+
 @pytest.fixture
 def fresh_engine_answers():
   """Each synthesizer's availability is asked afresh (it is remembered per process)."""
@@ -208,7 +249,7 @@ def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch, fresh_eng
   monkeypatch.setattr(ec, "_engine", lambda engine, cache_dir: pytest.fail("asked again"))
   assert ec.effective_spec(spec, said.append) == effective      # once per process
   with pytest.raises(ValueError, match="unseen synthesizer 'flite'; valid: one of flite, "
-                                       "festival that training does not use"):
+                                       "festival, mbrola that training does not use"):
     ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="flite")
 
 
@@ -224,6 +265,19 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
   engines = lambda split: {s.voice.engine for s in segments(mixed, split)}
   assert engines("train") == {"espeak", "flite"} and engines("dev") == {"espeak"}
   assert engines("tst-unseen-synth") == {"festival"}
+  # festival's kal_diphone is the speaker of flite's kal16: with flite in training only
+  # ked_diphone speaks the unseen split, both where training hears espeak-ng alone.
+  unseen_variants = lambda plan: {s.voice.variant for s in segments(plan, "tst-unseen-synth")}
+  assert unseen_variants(mixed) == {"ked_diphone"}
+  alone = ec.plan_direction(ec.CorpusSpec(**kwargs, unseen_synthesizer="festival"), "en", "de",
+                            wheels)
+  assert unseen_variants(alone) == {"kal_diphone", "ked_diphone"}
+  voices_of = lambda plan, split: {(s.voice.engine, s.voice.variant)
+                                   for s in segments(plan, split)}
+  unseen = voices_of(mixed, "tst-unseen-synth")
+  twins = {synthesizers.SAME_SPEAKER.get(voice, voice) for voice in unseen}
+  assert ("flite", "kal16") in voices_of(mixed, "train")
+  assert not (unseen | twins) & voices_of(mixed, "train")
   flite_share = np.mean([s.voice.engine == "flite" for s in segments(mixed, "train")])
   assert 0.05 < flite_share < 0.35                      # 4 of 24 training voices
   assert sorted(s.source for s in segments(mixed, "tst-unseen-synth")) == \
@@ -302,3 +356,61 @@ def test_a_corpus_without_catalogs_in_its_text_has_no_catalog_sentences(monkeypa
     ec.build(str(tmp_path / "corpus"), spec, progress=False)
   wheels, extra = planned.value.args
   assert wheels == {} and [p[2] for p in extra] == ["bible"]
+
+
+APT_GET = '''
+args = sys.argv[1:]
+open(sys.argv[0] + ".calls", "a").write(repr(args) + "\\n")
+if "update" in args:
+  sys.exit(0)
+package = args[-1]
+if package.startswith("mbrola-") and "-o" not in args:
+  sys.exit("E: Can't select candidate version from package " + package)
+open(package + "_1.0_all.deb", "w").write(package)
+'''
+
+
+def test_a_package_outside_the_machines_sections_comes_from_a_private_apt_state(
+    monkeypatch, tmp_path):
+  """The machine's sources list main only: MBROLA's voices (non-free) are looked up again in
+  the same archives with every section, from a private apt state updated once."""
+  tools = tmp_path / "tools"
+  _stand_in(tools, "apt-get", APT_GET)
+  _stand_in(tools, "dpkg-deb", "import os\nos.makedirs(sys.argv[3])\n"
+                               "open(os.path.join(sys.argv[3], 'from'), 'w').write(sys.argv[2])")
+  monkeypatch.setenv("PATH", f"{tools / 'usr' / 'bin'}{os.pathsep}{os.environ['PATH']}")
+  etc = tmp_path / "etc"
+  (etc / "sources.list.d").mkdir(parents=True)
+  (etc / "sources.list").write_text("# a comment\ndeb-src http://x.org/debian bookworm main\n"
+                                    "deb [arch=amd64] http://mirror.example/debian bookworm "
+                                    "main\n")
+  (etc / "sources.list.d" / "debian.sources").write_text(
+      "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n"
+      "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
+      "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n")
+  monkeypatch.setattr(debian_packages, "SOURCES", (str(etc / "sources.list"),
+                                                   str(etc / "sources.list.d")))
+  monkeypatch.setattr(debian_packages, "_WIDER", {})
+  cache = tmp_path / "cache"
+  assert debian_packages.fetch("flite", str(cache)) == str(cache / "flite")
+  calls = lambda: _calls(tools, "apt-get")
+  assert calls() == [["download", "flite"]]                 # the machine's apt had it
+  for package in ("mbrola-us1", "mbrola-us2"):
+    root = debian_packages.fetch(package, str(cache))
+    assert os.path.basename((cache / package / "from").read_text()) == f"{package}_1.0_all.deb"
+    assert root == str(cache / package)
+  updates = [args for args in calls() if "update" in args]
+  assert len(updates) == 1                                  # once per process
+  sources = (cache / "apt-sections" / "sources.list").read_text().splitlines()
+  sections = "main contrib non-free universe multiverse"
+  assert sources == [
+      f"deb [arch=amd64] http://mirror.example/debian bookworm {sections}",
+      f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+      f"http://deb.debian.org/debian bookworm {sections}",
+      f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
+      f"http://deb.debian.org/debian bookworm-updates {sections}"]
+  assert f"Dir::State::Lists={cache / 'apt-sections' / 'lists'}" in updates[0]
+  with pytest.raises(debian_packages.PackageUnavailable,
+                     match="apt-get download mbrola-xx failed .*Can't select candidate"):
+    monkeypatch.setattr(debian_packages, "_WIDER", {str(cache): []})   # no wider archive
+    debian_packages.fetch("mbrola-xx", str(cache))
