@@ -59,9 +59,9 @@ def get_config(arg=None):
   d.embedded_text = "bible"
   d.embedded_synthesizers, d.embedded_unseen_synthesizer = "espeak,flite", "festival"
   # Voices beyond espeak-ng's: flite speaks half of the training utterances, each training
-  # voice at one rate and pitch. The unseen synthesizer's WER fell from 56 to 45, the held-out
-  # espeak-ng voices' rose from 22.5 to 27; four rates and pitches per voice measured worse on
-  # all four test figures (docs/quickstart.md).
+  # voice at one rate and pitch; four rates and pitches per voice measured worse
+  # (docs/quickstart.md). tst-unseen-synth is festival's voices whose speaker no training voice
+  # shares: ked_diphone (kal_diphone is flite's kal16's speaker).
   d.embedded_other_synthesizer_share = OTHER_SYNTHESIZER_SHARE
   d.embedded_speakers_per_variant = 1
   d.extra_test_splits = "tst-unseen-synth"
