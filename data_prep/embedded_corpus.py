@@ -416,6 +416,12 @@ def _engine(engine: str, cache_dir: str):
   return _SYNTHS[engine]
 
 
+def speak(text: str, voice: Voice, cache_dir: str) -> np.ndarray:
+  """float32 samples of `text` spoken by `voice`, at SAMPLE_RATE (its engine made once)."""
+  synth = _engine(voice.engine, cache_dir)
+  return _resample(synth.synthesize(text, voice), synth.sample_rate)
+
+
 def _synthesize_talk(job):
   """Worker: synthesises one talk wav; returns its segment entries (offsets in seconds)."""
   path, segments, seed, cache_dir = job
@@ -423,8 +429,7 @@ def _synthesize_talk(job):
   pieces, entries, cursor = [], [], 0
   for segment in segments:
     gap = np.zeros(int(SAMPLE_RATE * rng.uniform(0.3, 0.9)), np.float32)
-    synth = _engine(segment.voice.engine, cache_dir)
-    speech = _resample(synth.synthesize(segment.source, segment.voice), synth.sample_rate)
+    speech = speak(segment.source, segment.voice, cache_dir)
     pieces += [gap, speech]
     cursor += len(gap)
     entries.append({"offset": round(cursor / SAMPLE_RATE, 4),

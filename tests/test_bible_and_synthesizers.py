@@ -2,7 +2,7 @@
 festival): markup cleaned, verses filtered and deduplicated, held-out sentences never trained
 on; the synthesizers driven through stand-in programs; what cannot be had is named and left
 out; the unseen-synthesizer split speaks tst-COMMON's sentences in a family no training or dev
-utterance uses."""
+utterance uses; `data_prep.speak` records a text's lines with any of them."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import wave
 import numpy as np
 import pytest
 
-from data_prep import bible, debian_packages, po_text, synthesizers
+from data_prep import bible, debian_packages, po_text, speak, synthesizers
 from data_prep import embedded_corpus as ec
 from data_prep.espeak import Voice
 
@@ -223,6 +223,41 @@ def test_mbrola_voices_speak_through_debians_espeak_ng(stand_in_synthesizers, tm
   assert _calls(root, "espeak-ng")[-1][1:3] == ["-v", "mb-de6-en"]
   with pytest.raises(ValueError, match="MBROLA voice 'slt'; valid: .*'us1'"):
     mbrola.synthesize("x.", Voice("en-us", "slt", 140, 60, "mbrola"))
+
+
+def test_speak_records_each_line_in_a_numbered_file_voices_in_turn(stand_in_synthesizers,
+                                                                   tmp_path, monkeypatch):
+  """Line n becomes NNNN.wav spoken by voices[n % len(voices)] at a rate drawn per spoken line;
+  a blank line is skipped and counted, and keeps its number unused."""
+  monkeypatch.setattr(ec, "_SYNTHS", {})
+  out = tmp_path / "recordings"
+  counts = speak.speak_lines(["In the beginning.", "", "Amen.", "Selah."], str(out), "mbrola",
+                             ["us1", "us2"], rate=(140, 200), seed=5,
+                             cache_dir=str(tmp_path / "cache"), log=lambda *_: None)
+  assert counts == {"written": 3, "blank": 1}
+  assert sorted(os.listdir(out)) == ["0000.wav", "0002.wav", "0003.wav"]
+  calls = _calls(stand_in_synthesizers["espeak-ng"], "espeak-ng")
+  rng = np.random.default_rng(5)
+  rates = [int(rng.integers(140, 201)) for _ in range(3)]
+  assert [(args[2], int(args[4])) for args in calls] == list(zip(["mb-us1", "mb-us1", "mb-us2"],
+                                                                 rates))
+  for name, rate in zip(["0000.wav", "0002.wav", "0003.wav"], rates):
+    with wave.open(str(out / name)) as f:      # the stand-in speaks 175 / rate seconds
+      assert (f.getframerate(), f.getnchannels(), f.getsampwidth()) == (16000, 1, 2)
+      assert abs(f.getnframes() - int(16000 * 175 / rate)) <= 1
+
+
+def test_speak_names_the_valid_engines_voices_and_rates():
+  with pytest.raises(ValueError, match="--engine 'sapi'; valid: espeak, flite, festival, mbrola"):
+    speak.check_voices("sapi", ["x"])
+  with pytest.raises(ValueError, match="flite voice 'ked_diphone'; valid: kal16, awb, rms, slt"):
+    speak.check_voices("flite", ["slt", "ked_diphone"])
+  with pytest.raises(ValueError, match="--voices is empty"):
+    speak.check_voices("festival", [""])
+  assert speak.parse_rate("170") == (170, 170) and speak.parse_rate("140-200") == (140, 200)
+  for bad in ("fast", "200-140", "30"):
+    with pytest.raises(ValueError, match=f"--rate '{bad}'; valid: "):
+      speak.parse_rate(bad)
 
 
 @pytest.fixture

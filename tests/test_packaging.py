@@ -17,7 +17,8 @@ def test_console_scripts_resolve_to_the_command_line_entries():
   scripts = _pyproject()["project"]["scripts"]
   assert set(scripts) == {"multiformer-evaluate", "multiformer-analyze", "multiformer-ablate",
                           "multiformer-translate", "multiformer-prepare",
-                          "multiformer-embedded-corpus", "multiformer-import-fairseq"}
+                          "multiformer-embedded-corpus", "multiformer-import-fairseq",
+                          "multiformer-speak"}
   for name, target in scripts.items():
     module, function = target.split(":")
     assert function == "cli", name        # main() with user errors reported (exit status 2)
