@@ -46,12 +46,12 @@ def fetch(package: str, cache_dir: str) -> str:
       options = wider_apt_options(cache_dir)
       if options and not _download(package, work, options):
         error = ""
-    debs = [f for f in os.listdir(work) if f.endswith(".deb")]
-    if error or not debs:
+    if error:
       raise PackageUnavailable(f"apt-get download {package} failed ({error[-300:]}); run "
                                f"'apt-get update' first, or install {package}")
+    deb = next(f for f in sorted(os.listdir(work)) if f.endswith(".deb"))
     unpacked = os.path.join(work, "unpacked")
-    subprocess.run(["dpkg-deb", "-x", os.path.join(work, debs[0]), unpacked], check=True,
+    subprocess.run(["dpkg-deb", "-x", os.path.join(work, deb), unpacked], check=True,
                    capture_output=True)
     os.replace(unpacked, root)
   return root
@@ -118,7 +118,7 @@ def wider_apt_options(cache_dir: str) -> list[str]:
       os.makedirs(os.path.join(root, sub), exist_ok=True)
     sources = os.path.join(root, "sources.list")
     with open(sources, "w", encoding="utf-8") as f:
-      f.writelines(f"deb {opts} {uri} {suite} {' '.join(WIDER_COMPONENTS)}\n".replace("  ", " ")
+      f.writelines(" ".join(filter(None, ("deb", opts, uri, suite, *WIDER_COMPONENTS))) + "\n"
                    for opts, uri, suite in dict.fromkeys(entries))
     options = ["-o", f"Dir::State::Lists={root}/lists", "-o", f"Dir::Cache={root}",
                "-o", f"Dir::Cache::archives={root}/archives", "-o",

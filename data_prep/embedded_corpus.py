@@ -371,9 +371,9 @@ def unseen_voices(spec: CorpusSpec) -> tuple[str, ...]:
   """The unseen synthesizer's voices that speak UNSEEN_SYNTH_SPLIT: all but those made from the
   same speaker as a training voice (festival's kal_diphone is flite's kal16)."""
   training = {(engine, name) for engine in spec.synthesizers if engine != "espeak"
-              for names in ENGINE_VOICES[engine].values() for name in names}
+              for name in synthesizers.voice_names(ENGINE_VOICES[engine])}
   engine = spec.unseen_synthesizer
-  return tuple(name for names in ENGINE_VOICES[engine].values() for name in names
+  return tuple(name for name in synthesizers.voice_names(ENGINE_VOICES[engine])
                if synthesizers.SAME_SPEAKER.get((engine, name)) not in training)
 
 

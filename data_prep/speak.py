@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from data_prep import cli_errors, embedded_corpus
+from data_prep import cli_errors, embedded_corpus, synthesizers
 from data_prep.espeak import Voice
 
 
@@ -42,7 +42,7 @@ def check_voices(engine: str, voices: list[str]):
     raise ValueError("--voices is empty; give one or more, separated by commas")
   if engine == "espeak":
     return
-  valid = [name for names in embedded_corpus.ENGINE_VOICES[engine].values() for name in names]
+  valid = synthesizers.voice_names(embedded_corpus.ENGINE_VOICES[engine])
   for voice in voices:
     if voice not in valid:
       raise ValueError(f"{engine} voice {voice!r}; valid: {', '.join(valid)}")

@@ -7,9 +7,9 @@ voices of four synthesizer families:
   rate is flite's duration_stretch, its pitch the intonation model's mean F0.
 - festival (2.5) with its `kal_diphone` and `ked_diphone` voices (Debian's festvox-kallpc16k and
   festvox-kdlpc16k, 16 kHz); a speaker's rate is festival's Duration_Stretch. kal_diphone is
-  made of the same speaker's diphones as flite's kal16 (SAME_SPEAKER). festival links libsndfile, which Debian
-  packages with a dozen codec libraries; the copy bundled in the `soundfile` wheel (a
-  requirement) stands in for it.
+  made of the same speaker's diphones as flite's kal16 (SAME_SPEAKER). festival links
+  libsndfile, which Debian packages with a dozen codec libraries; the copy bundled in the
+  `soundfile` wheel (a requirement) stands in for it.
 - MBROLA (3.3) diphone voices `us1` (female), `us2`, `us3` (American male) and `en1` (British
   male), read by Debian's espeak-ng (its text analysis, durations and intonation; the
   espeakng-loader wheel's library is built without MBROLA). The voices are in Debian's
@@ -56,6 +56,11 @@ MBROLA_VOICES = {
     "female": ("us1", "de1-en", "de3-en", "de5-en", "fr4-en", "hu1-en", "sw2-en")}
 
 
+def voice_names(voices_by_sex: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+  """Every voice of a synthesizer's {sex: voices} (FLITE_VOICES, ...), in its order."""
+  return tuple(name for names in voices_by_sex.values() for name in names)
+
+
 def mbrola_database(voice: str) -> str:
   """The MBROLA diphone database of an espeak-ng mb- voice: "de4-en" -> "de4"."""
   return voice.split("-")[0]
@@ -63,8 +68,7 @@ def mbrola_database(voice: str) -> str:
 
 MBROLA_PACKAGES = ("espeak-ng", "libespeak-ng1", "espeak-ng-data", "libpcaudio0", "libsonic0",
                    "libpulse0", "libasyncns0", "mbrola") + tuple(dict.fromkeys(
-                       f"mbrola-{mbrola_database(name)}" for names in MBROLA_VOICES.values()
-                       for name in names))
+                       f"mbrola-{mbrola_database(name)}" for name in voice_names(MBROLA_VOICES)))
 LIB_DIR = os.path.join("usr", "lib", "x86_64-linux-gnu")
 FESTIVAL_DIR = os.path.join("usr", "share", "festival")
 
@@ -92,6 +96,29 @@ def _unpacked(packages, cache_dir: str, what: str) -> dict[str, str]:
   except debian_packages.PackageUnavailable as error:
     raise SynthesizerUnavailable(f"{what} is not available ({error}); it is built from "
                                  f"Debian's {', '.join(packages)}") from error
+
+
+def _assembled_dir(cache_dir: str, name: str, packages, assemble) -> str:
+  """{cache_dir}/{name}-{key of `packages`}, made once by assemble(staging folder) and moved
+  into place whole: a folder assembled from fewer packages (voices) is never reused."""
+  key = hashlib.sha1(" ".join(packages).encode()).hexdigest()[:8]
+  path = os.path.join(cache_dir, f"{name}-{key}")
+  if not os.path.isdir(path):
+    staging = path + ".tmp"
+    shutil.rmtree(staging, ignore_errors=True)
+    assemble(staging)
+    os.replace(staging, path)
+  return path
+
+
+def _libsndfile_dir(cache_dir: str) -> str:
+  """A folder holding libsndfile.so.1: the `soundfile` wheel's copy, for the Debian programs
+  that link it (festival; espeak-ng through libpulse0)."""
+  libs = os.path.join(cache_dir, "festival-libsndfile")
+  os.makedirs(libs, exist_ok=True)
+  if not os.path.exists(os.path.join(libs, "libsndfile.so.1")):
+    os.symlink(_bundled_libsndfile(), os.path.join(libs, "libsndfile.so.1"))
+  return libs
 
 
 def _library_path(roots) -> str:
@@ -152,25 +179,18 @@ class Festival:
   def __init__(self, cache_dir: str):
     roots = _unpacked(FESTIVAL_PACKAGES, cache_dir, "festival")
     self.binary = os.path.join(roots["festival"], "usr", "bin", "festival")
-    # One festival library folder: the program's scheme files, the lexicons and the voices,
-    # named by the packages it holds (a cache of fewer voices is not reused).
-    packages_key = hashlib.sha1(" ".join(FESTIVAL_PACKAGES).encode()).hexdigest()[:8]
-    self.lib_dir = os.path.join(cache_dir, f"festival-lib-{packages_key}")
-    if not os.path.isdir(self.lib_dir):
-      staging = self.lib_dir + ".tmp"
-      shutil.rmtree(staging, ignore_errors=True)
+
+    def assemble(staging):
+      """One festival library folder: the program's scheme files, the lexicons and the voices."""
       shutil.copytree(os.path.join(roots["festival"], FESTIVAL_DIR), staging, symlinks=True)
       for package in FESTIVAL_PACKAGES:
         source = os.path.join(roots[package], FESTIVAL_DIR)
         if package != "festival" and os.path.isdir(source):
           shutil.copytree(source, staging, dirs_exist_ok=True, symlinks=True)
-      os.replace(staging, self.lib_dir)
-    libs = os.path.join(cache_dir, "festival-libsndfile")
-    os.makedirs(libs, exist_ok=True)
-    if not os.path.exists(os.path.join(libs, "libsndfile.so.1")):
-      os.symlink(_bundled_libsndfile(), os.path.join(libs, "libsndfile.so.1"))
+
+    self.lib_dir = _assembled_dir(cache_dir, "festival-lib", FESTIVAL_PACKAGES, assemble)
     self.env = dict(os.environ, LD_LIBRARY_PATH=_library_path(roots.values()) + os.pathsep +
-                    libs)
+                    _libsndfile_dir(cache_dir))
     self._work = tempfile.TemporaryDirectory(prefix="festival-")
 
   def synthesize(self, text: str, voice) -> np.ndarray:
@@ -202,12 +222,10 @@ class Mbrola:
   def __init__(self, cache_dir: str):
     roots = _unpacked(MBROLA_PACKAGES, cache_dir, "espeak-ng with MBROLA voices")
     self.binary = os.path.join(roots["espeak-ng"], "usr", "bin", "espeak-ng")
-    # One espeak-ng data folder (Debian's, which has the mb-* voices and their phoneme tables)
-    # with each MBROLA voice file at mbrola/{name}, where espeak-ng looks first.
-    self.data_parent = os.path.join(cache_dir, "mbrola-espeak-ng")
-    if not os.path.isdir(self.data_parent):
-      staging = self.data_parent + ".tmp"
-      shutil.rmtree(staging, ignore_errors=True)
+
+    def assemble(staging):
+      """One espeak-ng data folder (Debian's, which has the mb-* voices and their phoneme
+      tables) with each MBROLA voice file at mbrola/{name}, where espeak-ng looks first."""
       data = os.path.join(staging, "espeak-ng-data")
       shutil.copytree(os.path.join(roots["espeak-ng-data"], LIB_DIR, "espeak-ng-data"), data,
                       symlinks=True)
@@ -217,18 +235,16 @@ class Mbrola:
           name = package[len("mbrola-"):]
           os.symlink(os.path.join(root, "usr", "share", "mbrola", name, name),
                      os.path.join(data, "mbrola", name))
-      os.replace(staging, self.data_parent)
-    libs = os.path.join(cache_dir, "festival-libsndfile")   # libpulse0 links libsndfile
-    os.makedirs(libs, exist_ok=True)
-    if not os.path.exists(os.path.join(libs, "libsndfile.so.1")):
-      os.symlink(_bundled_libsndfile(), os.path.join(libs, "libsndfile.so.1"))
+
+    self.data_parent = _assembled_dir(cache_dir, "mbrola-espeak-ng", MBROLA_PACKAGES, assemble)
     mbrola_bin = os.path.join(roots["mbrola"], "usr", "bin")   # espeak-ng runs `mbrola`
     self.env = dict(os.environ, LD_LIBRARY_PATH=_library_path(roots.values()) + os.pathsep +
-                    libs, PATH=mbrola_bin + os.pathsep + os.environ.get("PATH", ""))
+                    _libsndfile_dir(cache_dir),
+                    PATH=mbrola_bin + os.pathsep + os.environ.get("PATH", ""))
     self._work = tempfile.TemporaryDirectory(prefix="mbrola-")
 
   def synthesize(self, text: str, voice) -> np.ndarray:
-    valid = sum(MBROLA_VOICES.values(), ())
+    valid = voice_names(MBROLA_VOICES)
     if voice.variant not in valid:
       raise ValueError(f"MBROLA voice {voice.variant!r}; valid: {sorted(valid)}")
     out = os.path.join(self._work.name, "out.wav")

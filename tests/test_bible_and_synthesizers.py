@@ -225,6 +225,23 @@ def test_mbrola_voices_speak_through_debians_espeak_ng(stand_in_synthesizers, tm
     mbrola.synthesize("x.", Voice("en-us", "slt", 140, 60, "mbrola"))
 
 
+def test_an_assembled_folder_is_made_once_per_package_list(tmp_path):
+  """festival's library and MBROLA's espeak-ng data are assembled once; a cache assembled from
+  fewer packages (voices) is not taken for the current list's."""
+  made = []
+
+  def assemble(staging):
+    os.makedirs(staging)
+    made.append(staging)
+
+  assembled = synthesizers._assembled_dir  # pylint: disable=protected-access
+  first = assembled(str(tmp_path), "lib", ("a", "b"), assemble)
+  assert assembled(str(tmp_path), "lib", ("a", "b"), assemble) == first
+  more = assembled(str(tmp_path), "lib", ("a", "b", "c"), assemble)
+  assert more != first and os.path.isdir(first) and os.path.isdir(more) and len(made) == 2
+  assert sorted(os.listdir(tmp_path)) == sorted(os.path.basename(p) for p in (first, more))
+
+
 def test_speak_records_each_line_in_a_numbered_file_voices_in_turn(stand_in_synthesizers,
                                                                    tmp_path, monkeypatch):
   """Line n becomes NNNN.wav spoken by voices[n % len(voices)] at a rate drawn per spoken line;
