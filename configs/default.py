@@ -101,9 +101,11 @@ def get_config(arg=None):
   d.embedded_extra_training_variants = False  # embedded corpus: 37 more training voices
   d.embedded_max_heldout = 0   # embedded corpus: cap on dev and on test sentences (0 = none)
   d.embedded_synthesizers = "espeak"   # embedded corpus: training voices' synthesizers,
-                               # espeak plus any of flite, festival, mbrola (apt-get download)
+                               # espeak plus any of flite, festival, mbrola, rhvoice (apt-get
+                               # download)
   d.embedded_unseen_synthesizer = ""   # embedded corpus: build tst-unseen-synth, tst-COMMON's
-                               # sentences spoken by this synthesizer (flite | festival | mbrola)
+                               # sentences spoken by this synthesizer (flite | festival |
+                               # mbrola | rhvoice)
   d.embedded_other_synthesizer_share = 0.0  # embedded corpus: share of training utterances
                                # spoken by those besides espeak (0: as their share of voices)
   d.embedded_other_speakers_per_voice = 0  # embedded corpus: training speakers (rate, pitch)

@@ -71,9 +71,9 @@ EXTRA_TRAINING_VARIANTS = sum(EXTRA_TRAINING_VARIANTS_BY_SEX.values(), ())
 SPLITS = ("train", "dev", "tst-COMMON")
 # tst-COMMON's sentences spoken by a synthesizer family that no training or dev utterance uses.
 UNSEEN_SYNTH_SPLIT = "tst-unseen-synth"
-ENGINES = ("espeak", "flite", "festival", "mbrola")
+ENGINES = ("espeak", "flite", "festival", "mbrola", "rhvoice")
 ENGINE_VOICES = {"flite": synthesizers.FLITE_VOICES, "festival": synthesizers.FESTIVAL_VOICES,
-                 "mbrola": synthesizers.MBROLA_VOICES}
+                 "mbrola": synthesizers.MBROLA_VOICES, "rhvoice": synthesizers.RHVOICE_VOICES}
 COMPLETE = ".complete.json"
 
 
@@ -212,7 +212,7 @@ def bible_pairs(spec: CorpusSpec, source: str, target: str, log=print) -> list[t
 
 
 def synthesizer_cache(spec: CorpusSpec) -> str:
-  """Where flite, festival and MBROLA are unpacked: beside the wheel cache."""
+  """Where flite, festival, MBROLA and RHVoice are unpacked: beside the wheel cache."""
   return os.path.join(os.path.dirname(spec.wheel_cache or po_text.default_wheel_cache()),
                       "synthesizers")
 
@@ -412,7 +412,8 @@ def _engine(engine: str, cache_dir: str):
   if engine not in _SYNTHS:
     _SYNTHS[engine] = (Synthesizer() if engine == "espeak" else
                        {"flite": synthesizers.Flite, "festival": synthesizers.Festival,
-                        "mbrola": synthesizers.Mbrola}[engine](cache_dir))
+                        "mbrola": synthesizers.Mbrola,
+                        "rhvoice": synthesizers.Rhvoice}[engine](cache_dir))
   return _SYNTHS[engine]
 
 
@@ -568,11 +569,12 @@ def main(argv=None):
                            f"German-English example sentences, ~15k; bible: English-Spanish "
                            f"verses)")
   parser.add_argument("--synthesizers", default="espeak",
-                      help="training speakers' synthesizers: espeak plus any of flite, festival, "
-                           "mbrola")
+                      help="training speakers' synthesizers: espeak plus any of "
+                           f"{', '.join(ENGINES[1:])}")
   parser.add_argument("--unseen-synthesizer", default="",
                       help=f"build {UNSEEN_SYNTH_SPLIT}: tst-COMMON's sentences spoken by this "
-                           f"synthesizer (flite, festival or mbrola, not among --synthesizers)")
+                           f"synthesizer (one of {', '.join(ENGINES[1:])}, not among "
+                           f"--synthesizers)")
   parser.add_argument("--other-synthesizer-share", type=float, default=0.0,
                       help="share of the training utterances spoken by the synthesizers "
                            "besides espeak (0: as often as their voices are among all)")

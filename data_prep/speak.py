@@ -6,8 +6,8 @@ did or did not train on, for `python -m multiformer_jax.translate`.
 
 writes `recordings/ked/NNNN.wav` (16 kHz, mono, 16-bit) for line NNNN of the text (counted from
 0, so a file's number finds its reference line); blank lines are skipped and counted. Voices are
-taken in turn, line by line; a range of rates is drawn per line from --seed. flite, festival and
-MBROLA are fetched on first use as the embedded corpus fetches them (docs/data.md).
+taken in turn, line by line; a range of rates is drawn per line from --seed. flite, festival,
+MBROLA and RHVoice are fetched on first use as the embedded corpus fetches them (docs/data.md).
 """
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ def main(argv=None):
   parser.add_argument("--voices", required=True,
                       help="comma-separated, taken in turn: espeak-ng variants (m3, f2, ...), "
                            "flite's kal16/awb/rms/slt, festival's kal_diphone/ked_diphone, "
-                           "MBROLA's us1/us2/us3/en1/...")
+                           "MBROLA's us1/us2/us3/en1/..., RHVoice's bdl/clb/alan/...")
   parser.add_argument("--rate", default="175", help="words a minute: 170, or 140-200 per line")
-  parser.add_argument("--pitch", type=int, default=50, help="0-99 (espeak-ng and MBROLA)")
+  parser.add_argument("--pitch", type=int, default=50,
+                      help="0-99, 50 = the voice's own (festival: not used)")
   parser.add_argument("--seed", type=int, default=0, help="draws the rates of a range")
   parser.add_argument("--language", default="en-us", help="espeak-ng voice (espeak only)")
   args = parser.parse_args(argv)

@@ -1,8 +1,9 @@
-"""Speech synthesizers beyond espeak-ng for the embedded corpus: flite, festival and MBROLA.
+"""Speech synthesizers beyond espeak-ng for the embedded corpus: flite, festival, MBROLA and
+RHVoice.
 
-All come from Debian's packages, fetched without root into a cache (`debian_packages`) and
-run as programs with LD_LIBRARY_PATH pointing into the unpacked libraries, so a corpus hears
-voices of four synthesizer families:
+All come from Debian's packages, fetched without root into a cache (`debian_packages`); the
+first three run as programs with LD_LIBRARY_PATH pointing into the unpacked libraries. A corpus
+hears voices of five synthesizer families:
 - flite (CMU Flite 2.2): `kal16`, `awb`, `rms` (male) and `slt` (female), 16 kHz; a speaker's
   rate is flite's duration_stretch, its pitch the intonation model's mean F0.
 - festival (2.5) with its `kal_diphone` and `ked_diphone` voices (Debian's festvox-kallpc16k and
@@ -16,6 +17,9 @@ voices of four synthesizer families:
   non-free section (licensed for speech made with the MBROLA program only, not to be sold;
   /usr/share/doc/mbrola-us1/copyright in the package); `debian_packages` finds them where the
   machine's apt lists main only.
+- RHVoice (1.8), statistical parametric: `alan`, `bdl`, `evgeniy-eng` (male), `clb`, `slt`,
+  `lyubov` (female), Debian's rhvoice-english (non-free: trained models; evgeniy-eng and lyubov
+  are CC BY-NC-ND), 24 kHz resampled to 16. Its library is called in-process through ctypes.
 
 `Voice.engine` names the synthesizer; `Voice.rate` is words per minute as espeak-ng's (175 =
 each synthesizer's own speed) and `Voice.pitch` 0-99 as espeak-ng's (50 = the voice's own).
@@ -24,6 +28,7 @@ A synthesizer that cannot be had raises SynthesizerUnavailable saying what is mi
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -43,9 +48,11 @@ FESTIVAL_VOICES = {"male": ("kal_diphone", "ked_diphone")}
 FESTIVAL_PACKAGES = ("festival", "libestools2.5", "libpulse0", "libasyncns0", "festlex-cmu",
                      "festlex-poslex", "festvox-kallpc16k", "festvox-kdlpc16k")
 # (engine, voice) pairs built from one speaker's recordings: flite's kal16 is festival's KAL
-# diphone database. A split of voices never heard leaves out the twins of training voices.
-SAME_SPEAKER = {("festival", "kal_diphone"): ("flite", "kal16"),
-                ("flite", "kal16"): ("festival", "kal_diphone")}
+# diphone database; RHVoice's slt and alan are flite's slt and awb. A split of voices never heard
+# leaves out the twins of training voices.
+_TWINS = ((("festival", "kal_diphone"), ("flite", "kal16")),
+          (("rhvoice", "slt"), ("flite", "slt")), (("rhvoice", "alan"), ("flite", "awb")))
+SAME_SPEAKER = {**dict(_TWINS), **{b: a for a, b in _TWINS}}
 # espeak-ng's Debian build (the wheel's library has no MBROLA support) reading the text, MBROLA's
 # diphone voices speaking it; the voices are in Debian's non-free section.
 # Voice names are espeak-ng's (mb-{name}); "de4-en" is English spoken with MBROLA's German de4
@@ -66,11 +73,22 @@ def mbrola_database(voice: str) -> str:
   return voice.split("-")[0]
 
 
+# RHVoice (statistical parametric, HTS-style): Debian's rhvoice-english (non-free: trained
+# models). bdl, clb and slt are CMU ARCTIC speakers; alan is Alan W Black's voice, as flite's awb
+# is; evgeniy-eng and lyubov are English read by Russian speakers.
+RHVOICE_VOICES = {"male": ("alan", "bdl", "evgeniy-eng"), "female": ("clb", "slt", "lyubov")}
+RHVOICE_PACKAGES = ("librhvoice5", "librhvoice-core7", "libsonic0", "rhvoice-english")
 MBROLA_PACKAGES = ("espeak-ng", "libespeak-ng1", "espeak-ng-data", "libpcaudio0", "libsonic0",
                    "libpulse0", "libasyncns0", "mbrola") + tuple(dict.fromkeys(
                        f"mbrola-{mbrola_database(name)}" for name in voice_names(MBROLA_VOICES)))
 LIB_DIR = os.path.join("usr", "lib", "x86_64-linux-gnu")
 FESTIVAL_DIR = os.path.join("usr", "share", "festival")
+
+
+# RHVoice's callbacks: set_sample_rate(rate, user_data), play_speech(samples, count, user_data).
+_RH_SAMPLE_RATE = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_void_p)
+_RH_SPEECH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_uint,
+                              ctypes.c_void_p)
 
 
 class SynthesizerUnavailable(debian_packages.PackageUnavailable):
@@ -88,6 +106,15 @@ def read_wav(path: str) -> tuple[np.ndarray, int]:
     if f.getsampwidth() != 2 or f.getnchannels() != 1:
       raise SynthesizerUnavailable(f"{path}: expected 16-bit mono audio from the synthesizer")
     return np.frombuffer(f.readframes(f.getnframes()), "<i2").copy(), f.getframerate()
+
+
+def _int16_at(samples: np.ndarray, rate: int, target: int) -> np.ndarray:
+  """int16 samples at `rate` -> int16 samples at `target` (soxr)."""
+  if rate == target:
+    return samples
+  import soxr  # pylint: disable=import-outside-toplevel
+  resampled = soxr.resample(samples.astype(np.float32), rate, target)
+  return np.clip(np.round(resampled), -32768, 32767).astype(np.int16)
 
 
 def _unpacked(packages, cache_dir: str, what: str) -> dict[str, str]:
@@ -252,12 +279,116 @@ class Mbrola:
           str(voice.rate), "-p", str(voice.pitch), "-w", out, "--stdin"], self.env,
          "espeak-ng with MBROLA", text_input=text)
     samples, rate = read_wav(out)
-    if rate != self.sample_rate:         # some databases are 22.05 kHz (de3, de5, de6, ...)
-      import soxr  # pylint: disable=import-outside-toplevel
-      samples = np.clip(np.round(soxr.resample(samples.astype(np.float32), rate,
-                                               self.sample_rate)), -32768, 32767)
-      samples = samples.astype(np.int16)
-    return samples
+    return _int16_at(samples, rate, self.sample_rate)   # some databases are 22.05 kHz (de6, ...)
+
+
+class _RhvoiceCallbacks(ctypes.Structure):
+  """RHVoice.h's RHVoice_callbacks: sample rate and speech; the rest NULL."""
+  _fields_ = [("set_sample_rate", _RH_SAMPLE_RATE), ("play_speech", _RH_SPEECH),
+              ("process_mark", ctypes.c_void_p), ("word_starts", ctypes.c_void_p),
+              ("word_ends", ctypes.c_void_p), ("sentence_starts", ctypes.c_void_p),
+              ("sentence_ends", ctypes.c_void_p), ("play_audio", ctypes.c_void_p),
+              ("done", ctypes.c_void_p)]
+
+
+class _RhvoiceInitParams(ctypes.Structure):
+  """RHVoice.h's RHVoice_init_params (RHVoice 1.x)."""
+  _fields_ = [("data_path", ctypes.c_char_p), ("config_path", ctypes.c_char_p),
+              ("resource_paths", ctypes.POINTER(ctypes.c_char_p)),
+              ("callbacks", _RhvoiceCallbacks), ("options", ctypes.c_uint)]
+
+
+class _RhvoiceSynthParams(ctypes.Structure):
+  """RHVoice.h's RHVoice_synth_params (RHVoice >= 1.2: with flags)."""
+  _fields_ = [("voice_profile", ctypes.c_char_p), ("absolute_rate", ctypes.c_double),
+              ("absolute_pitch", ctypes.c_double), ("absolute_volume", ctypes.c_double),
+              ("relative_rate", ctypes.c_double), ("relative_pitch", ctypes.c_double),
+              ("relative_volume", ctypes.c_double), ("punctuation_mode", ctypes.c_int),
+              ("punctuation_list", ctypes.c_char_p), ("capitals_mode", ctypes.c_int),
+              ("flags", ctypes.c_int)]
+
+
+def _load_rhvoice(lib_dir: str):
+  """libRHVoice from `lib_dir`, its own libraries loaded first by path (LD_LIBRARY_PATH is read
+  when a process starts, not by ctypes)."""
+  for name in ("libsonic.so.0", "libRHVoice_core.so.7"):
+    ctypes.CDLL(os.path.join(lib_dir, name), mode=ctypes.RTLD_GLOBAL)
+  lib = ctypes.CDLL(os.path.join(lib_dir, "libRHVoice.so.5"))
+  lib.RHVoice_new_tts_engine.restype = ctypes.c_void_p
+  lib.RHVoice_new_tts_engine.argtypes = (ctypes.POINTER(_RhvoiceInitParams),)
+  lib.RHVoice_new_message.restype = ctypes.c_void_p
+  lib.RHVoice_new_message.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint,
+                                      ctypes.c_int, ctypes.POINTER(_RhvoiceSynthParams),
+                                      ctypes.c_void_p)
+  lib.RHVoice_speak.argtypes = (ctypes.c_void_p,)
+  lib.RHVoice_delete_message.argtypes = (ctypes.c_void_p,)
+  lib.RHVoice_delete_message.restype = None
+  return lib
+
+
+class Rhvoice:
+  """RHVoice's library, in this process through ctypes (its test program links audio output
+  libraries and reads /usr/share/RHVoice; the library takes the data folder as an argument):
+  synthesize(text, voice) -> int16 samples at `sample_rate`. A speaker's rate and pitch are
+  RHVoice's relative rate (rate / 175) and relative pitch (+-1/2 octave over 0-99)."""
+
+  sample_rate = 16000
+  load_library = staticmethod(_load_rhvoice)
+
+  def __init__(self, cache_dir: str):
+    roots = _unpacked(RHVOICE_PACKAGES, cache_dir, "RHVoice")
+    lib_dirs = {p: os.path.join(roots[p], LIB_DIR) for p in RHVOICE_PACKAGES[:3]}
+
+    def assemble(staging):
+      """The three packages' libraries in one folder, where each finds the others."""
+      os.makedirs(staging)
+      for lib_dir in lib_dirs.values():
+        for name in os.listdir(lib_dir):
+          os.symlink(os.path.join(lib_dir, name), os.path.join(staging, name))
+
+    self._lib = self.load_library(_assembled_dir(cache_dir, "rhvoice-lib", RHVOICE_PACKAGES,
+                                                 assemble))
+    self._config = tempfile.TemporaryDirectory(prefix="rhvoice-")   # no RHVoice.conf: defaults
+    self._chunks, self._rate = [], 0
+    # The callbacks must outlive the engine: kept on self.
+    self._callbacks = _RhvoiceCallbacks(_RH_SAMPLE_RATE(self._on_sample_rate),
+                                        _RH_SPEECH(self._on_speech))
+    data = os.path.join(roots["rhvoice-english"], "usr", "share", "RHVoice")
+    self._params = _RhvoiceInitParams(data.encode(), self._config.name.encode(), None,
+                                      self._callbacks, 0)
+    self._engine = self._lib.RHVoice_new_tts_engine(ctypes.byref(self._params))
+    if not self._engine:
+      raise SynthesizerUnavailable(f"RHVoice found no voices in {data}")
+
+  def _on_sample_rate(self, rate, _user_data):
+    self._rate = rate
+    return 1
+
+  def _on_speech(self, samples, count, _user_data):
+    self._chunks.append(np.ctypeslib.as_array(samples, (count,)).astype(np.int16))
+    return 1
+
+  def synthesize(self, text: str, voice) -> np.ndarray:
+    valid = voice_names(RHVOICE_VOICES)
+    if voice.variant not in valid:
+      raise ValueError(f"RHVoice voice {voice.variant!r}; valid: {sorted(valid)}")
+    params = _RhvoiceSynthParams(voice.variant.encode(), 0.0, 0.0, 0.0,
+                                 voice.rate / NATURAL_RATE, 2.0 ** ((voice.pitch - 50) / 100.0),
+                                 1.0, 0, None, 0, 0)
+    encoded = text.encode("utf-8")
+    self._chunks, self._rate = [], 0
+    message = self._lib.RHVoice_new_message(self._engine, encoded, len(encoded), 0,
+                                            ctypes.byref(params), None)
+    if not message:
+      raise SynthesizerUnavailable(f"RHVoice refused the text {text[:60]!r}")
+    try:
+      spoken = self._lib.RHVoice_speak(message)
+    finally:
+      self._lib.RHVoice_delete_message(message)
+    if not spoken or not self._chunks or not self._rate:
+      raise SynthesizerUnavailable(f"RHVoice voice {voice.variant} said nothing for "
+                                   f"{text[:60]!r}")
+    return _int16_at(np.concatenate(self._chunks), self._rate, self.sample_rate)   # 24 kHz
 
 
 def _bundled_libsndfile() -> str:

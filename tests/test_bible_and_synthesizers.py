@@ -1,9 +1,11 @@
 """The embedded corpus's Bible text (English-Spanish verses) and its other synthesizers (flite,
-festival): markup cleaned, verses filtered and deduplicated, held-out sentences never trained
-on; the synthesizers driven through stand-in programs; what cannot be had is named and left
-out; the unseen-synthesizer split speaks tst-COMMON's sentences in a family no training or dev
-utterance uses; `data_prep.speak` records a text's lines with any of them."""
+festival, MBROLA, RHVoice): markup cleaned, verses filtered and deduplicated, held-out sentences
+never trained on; the synthesizers driven through stand-in programs (RHVoice through a stand-in
+of its library); what cannot be had is named and left out; the unseen-synthesizer split speaks
+tst-COMMON's sentences in a family no training or dev utterance uses; `data_prep.speak` records
+a text's lines with any of them."""
 
+import ctypes
 import json
 import os
 import stat
@@ -225,6 +227,85 @@ def test_mbrola_voices_speak_through_debians_espeak_ng(stand_in_synthesizers, tm
     mbrola.synthesize("x.", Voice("en-us", "slt", 140, 60, "mbrola"))
 
 
+# pylint: disable=invalid-name
+class FakeRhvoiceLibrary:
+  """RHVoice's C API as the engine calls it: keeps what it is given and speaks 175 / rate
+  seconds of the value 40 at 24 kHz, in two chunks, through the engine's callbacks."""
+
+  def __init__(self, lib_dir, speaks=True):
+    self.lib_dir, self.speaks, self.messages, self.deleted = lib_dir, speaks, [], []
+
+  def RHVoice_new_tts_engine(self, params):
+    self.init = params._obj  # pylint: disable=protected-access
+    return 1
+
+  def RHVoice_new_message(self, engine, text, length, kind, synth, user):
+    p = synth._obj  # pylint: disable=protected-access
+    self.messages.append((engine, text, length, kind, p.voice_profile, p.relative_rate,
+                          p.relative_pitch))
+    return len(self.messages)
+
+  def RHVoice_speak(self, message):
+    if not self.speaks:
+      return 0
+    callbacks = self.init.callbacks
+    callbacks.set_sample_rate(24000, None)
+    total = int(24000 * 175 / (self.messages[message - 1][5] * 175))
+    for count in (total // 2, total - total // 2):
+      chunk = (ctypes.c_short * count)(*([40] * count))
+      callbacks.play_speech(chunk, count, None)
+    return 1
+
+  def RHVoice_delete_message(self, message):
+    self.deleted.append(message)
+# pylint: enable=invalid-name
+
+
+def test_rhvoice_is_called_through_its_library(tmp_path, monkeypatch):
+  """The engine hands RHVoice the unpacked data folder and its own config folder, each message
+  the voice, rate / 175 and +-1/2 octave of pitch, the text's UTF-8 bytes; what the callbacks
+  receive comes back at 16 kHz; every message is deleted; a silent voice is an error."""
+  roots = {p: tmp_path / p for p in synthesizers.RHVOICE_PACKAGES}
+  for package in synthesizers.RHVOICE_PACKAGES[:3]:
+    (roots[package] / synthesizers.LIB_DIR).mkdir(parents=True)
+    (roots[package] / synthesizers.LIB_DIR / f"{package}.so").write_bytes(b"")
+  monkeypatch.setattr(debian_packages, "fetch_all",
+                      lambda packages, cache: {p: str(roots[p]) for p in packages})
+  libraries = []
+  monkeypatch.setattr(synthesizers.Rhvoice, "load_library", staticmethod(
+      lambda lib_dir: libraries.append(FakeRhvoiceLibrary(lib_dir)) or libraries[-1]))
+  rhvoice = synthesizers.Rhvoice(str(tmp_path / "cache"))
+  (lib,) = libraries
+  assert sorted(os.listdir(lib.lib_dir)) == sorted(
+      f"{p}.so" for p in synthesizers.RHVOICE_PACKAGES[:3])
+  assert lib.init.data_path.decode() == str(roots["rhvoice-english"] / "usr" / "share" /
+                                            "RHVoice")
+  assert os.path.isdir(lib.init.config_path.decode())
+  audio = rhvoice.synthesize("Señor, yes.", Voice("en-us", "bdl", 140, 60, "rhvoice"))
+  assert audio.dtype == np.int16 and abs(len(audio) - int(16000 * 175 / 140)) <= 1
+  assert np.all(audio[100:-100] == 40)
+  (_, text, length, kind, profile, rate, pitch), = lib.messages
+  assert (text, length, kind, profile) == ("Señor, yes.".encode(), 12, 0, b"bdl")
+  assert rate == pytest.approx(140 / 175) and pitch == pytest.approx(2 ** 0.1)
+  assert lib.deleted == [1]
+  with pytest.raises(ValueError, match="RHVoice voice 'm3'; valid: .*'bdl'"):
+    rhvoice.synthesize("x.", Voice("en-us", "m3", 140, 60, "rhvoice"))
+  lib.speaks = False
+  with pytest.raises(synthesizers.SynthesizerUnavailable, match="clb said nothing"):
+    rhvoice.synthesize("x.", Voice("en-us", "clb", 175, 50, "rhvoice"))
+  assert lib.deleted == [1, 2]
+
+
+def test_the_unseen_split_leaves_out_rhvoices_twins_of_flite_voices():
+  """RHVoice's slt and alan are flite's slt and awb: with flite in training they do not speak
+  tst-unseen-synth; with espeak-ng alone every RHVoice voice does."""
+  mixed = ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="rhvoice")
+  assert set(ec.unseen_voices(mixed)) == {"bdl", "evgeniy-eng", "clb", "lyubov"}
+  alone = ec.CorpusSpec(unseen_synthesizer="rhvoice")
+  assert set(ec.unseen_voices(alone)) == set(synthesizers.voice_names(
+      synthesizers.RHVOICE_VOICES))
+
+
 def test_an_assembled_folder_is_made_once_per_package_list(tmp_path):
   """festival's library and MBROLA's espeak-ng data are assembled once; a cache assembled from
   fewer packages (voices) is not taken for the current list's."""
@@ -301,7 +382,7 @@ def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch, fresh_eng
   monkeypatch.setattr(ec, "_engine", lambda engine, cache_dir: pytest.fail("asked again"))
   assert ec.effective_spec(spec, said.append) == effective      # once per process
   with pytest.raises(ValueError, match="unseen synthesizer 'flite'; valid: one of flite, "
-                                       "festival, mbrola that training does not use"):
+                                       "festival, mbrola, rhvoice that training does not use"):
     ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="flite")
 
 
