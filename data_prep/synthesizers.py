@@ -346,8 +346,12 @@ class Rhvoice:
         for name in os.listdir(lib_dir):
           os.symlink(os.path.join(lib_dir, name), os.path.join(staging, name))
 
-    self._lib = self.load_library(_assembled_dir(cache_dir, "rhvoice-lib", RHVOICE_PACKAGES,
-                                                 assemble))
+    lib_dir = _assembled_dir(cache_dir, "rhvoice-lib", RHVOICE_PACKAGES, assemble)
+    try:
+      self._lib = self.load_library(lib_dir)
+    except OSError as error:       # another architecture, a library missing from the packages
+      raise SynthesizerUnavailable(f"RHVoice's library could not be loaded from {lib_dir}: "
+                                   f"{error}") from error
     self._config = tempfile.TemporaryDirectory(prefix="rhvoice-")   # no RHVoice.conf: defaults
     self._chunks, self._rate = [], 0
     # The callbacks must outlive the engine: kept on self.

@@ -295,6 +295,13 @@ def test_rhvoice_is_called_through_its_library(tmp_path, monkeypatch):
     rhvoice.synthesize("x.", Voice("en-us", "clb", 175, 50, "rhvoice"))
   assert lib.deleted == [1, 2]
 
+  def unloadable(lib_dir):
+    raise OSError(f"{lib_dir}/libRHVoice.so.5: wrong ELF class")
+  monkeypatch.setattr(synthesizers.Rhvoice, "load_library", staticmethod(unloadable))
+  with pytest.raises(synthesizers.SynthesizerUnavailable,
+                     match="RHVoice's library could not be loaded .*wrong ELF class"):
+    synthesizers.Rhvoice(str(tmp_path / "cache"))
+
 
 def test_the_unseen_split_leaves_out_rhvoices_twins_of_flite_voices():
   """RHVoice's slt and alan are flite's slt and awb: with flite in training they do not speak
