@@ -73,14 +73,15 @@ def mbrola_database(voice: str) -> str:
   return voice.split("-")[0]
 
 
+MBROLA_PACKAGES = ("espeak-ng", "libespeak-ng1", "espeak-ng-data", "libpcaudio0", "libsonic0",
+                   "libpulse0", "libasyncns0", "mbrola") + tuple(dict.fromkeys(
+                       f"mbrola-{mbrola_database(name)}" for name in voice_names(MBROLA_VOICES)))
 # RHVoice (statistical parametric, HTS-style): Debian's rhvoice-english (non-free: trained
 # models). bdl, clb and slt are CMU ARCTIC speakers; alan is Alan W Black's voice, as flite's awb
 # is; evgeniy-eng and lyubov are English read by Russian speakers.
 RHVOICE_VOICES = {"male": ("alan", "bdl", "evgeniy-eng"), "female": ("clb", "slt", "lyubov")}
-RHVOICE_PACKAGES = ("librhvoice5", "librhvoice-core7", "libsonic0", "rhvoice-english")
-MBROLA_PACKAGES = ("espeak-ng", "libespeak-ng1", "espeak-ng-data", "libpcaudio0", "libsonic0",
-                   "libpulse0", "libasyncns0", "mbrola") + tuple(dict.fromkeys(
-                       f"mbrola-{mbrola_database(name)}" for name in voice_names(MBROLA_VOICES)))
+RHVOICE_LIBRARY_PACKAGES = ("librhvoice5", "librhvoice-core7", "libsonic0")
+RHVOICE_PACKAGES = RHVOICE_LIBRARY_PACKAGES + ("rhvoice-english",)
 LIB_DIR = os.path.join("usr", "lib", "x86_64-linux-gnu")
 FESTIVAL_DIR = os.path.join("usr", "share", "festival")
 
@@ -337,16 +338,16 @@ class Rhvoice:
 
   def __init__(self, cache_dir: str):
     roots = _unpacked(RHVOICE_PACKAGES, cache_dir, "RHVoice")
-    lib_dirs = {p: os.path.join(roots[p], LIB_DIR) for p in RHVOICE_PACKAGES[:3]}
 
     def assemble(staging):
-      """The three packages' libraries in one folder, where each finds the others."""
+      """The library packages' files in one folder, where each finds the others."""
       os.makedirs(staging)
-      for lib_dir in lib_dirs.values():
+      for package in RHVOICE_LIBRARY_PACKAGES:
+        lib_dir = os.path.join(roots[package], LIB_DIR)
         for name in os.listdir(lib_dir):
           os.symlink(os.path.join(lib_dir, name), os.path.join(staging, name))
 
-    lib_dir = _assembled_dir(cache_dir, "rhvoice-lib", RHVOICE_PACKAGES, assemble)
+    lib_dir = _assembled_dir(cache_dir, "rhvoice-lib", RHVOICE_LIBRARY_PACKAGES, assemble)
     try:
       self._lib = self.load_library(lib_dir)
     except OSError as error:       # another architecture, a library missing from the packages
