@@ -101,6 +101,12 @@ def duration_stretch(rate: int) -> float:
   return NATURAL_RATE / float(rate)
 
 
+def pitch_factor(pitch: int) -> float:
+  """A speaker's pitch 0-99 (espeak-ng's, 50 = the voice's own) -> the factor on the voice's
+  F0: +-1/2 octave over the range."""
+  return 2.0 ** ((pitch - 50) / 100.0)
+
+
 def read_wav(path: str) -> tuple[np.ndarray, int]:
   """(int16 samples, rate) of a 16-bit mono wav file."""
   with wave.open(path, "rb") as f:
@@ -184,7 +190,7 @@ class Flite:
     if voice.variant not in FLITE_F0:
       raise ValueError(f"flite voice {voice.variant!r}; valid: {sorted(FLITE_F0)}")
     out = os.path.join(self._work.name, "out.wav")
-    f0 = FLITE_F0[voice.variant] * 2.0 ** ((voice.pitch - 50) / 100.0)   # +-1/2 octave
+    f0 = FLITE_F0[voice.variant] * pitch_factor(voice.pitch)
     _run([self.binary, "-voice", voice.variant, "--setf",
           f"duration_stretch={duration_stretch(voice.rate):.3f}", "--setf",
           f"int_f0_target_mean={f0:.1f}", "-t", text, "-o", out], self.env, "flite")
@@ -378,7 +384,7 @@ class Rhvoice:
     if voice.variant not in valid:
       raise ValueError(f"RHVoice voice {voice.variant!r}; valid: {sorted(valid)}")
     params = _RhvoiceSynthParams(voice.variant.encode(), 0.0, 0.0, 0.0,
-                                 voice.rate / NATURAL_RATE, 2.0 ** ((voice.pitch - 50) / 100.0),
+                                 voice.rate / NATURAL_RATE, pitch_factor(voice.pitch),
                                  1.0, 0, None, 0, 0)
     encoded = text.encode("utf-8")
     self._chunks, self._rate = [], 0
