@@ -85,7 +85,7 @@ def main(argv):
 def check_config_overrides(argv):
   """An unknown `--config.a.b` key is named with the keys that exist there, exit status 2
   (ml_collections would raise a bare AttributeError while parsing the flags)."""
-  from data_prep import cli_errors  # pylint: disable=import-outside-toplevel
+  from data_prep.common import cli_errors  # pylint: disable=import-outside-toplevel
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if spec is None or not any(a.startswith("--config.") for a in argv):
     return
@@ -99,8 +99,21 @@ def check_config_overrides(argv):
 
 
 def run_main(argv):
-  from data_prep import cli_errors  # pylint: disable=import-outside-toplevel
+  from data_prep.common import cli_errors  # pylint: disable=import-outside-toplevel
   cli_errors.report_user_errors(main, argv)
+
+
+HELP_FLAGS = ("--help", "-h", "--helpshort", "--helpfull", "-?")
+
+
+def run_app():
+  """app.run(run_main); asking for help exits 0 (absl exits 1 after printing it)."""
+  try:
+    app.run(run_main)
+  except SystemExit as done:
+    if done.code == 1 and any(a in HELP_FLAGS for a in sys.argv[1:]):
+      sys.exit(0)
+    raise
 
 
 if __name__ == "__main__":
@@ -110,4 +123,4 @@ if __name__ == "__main__":
   host_memory.set_up_host_allocator()
   from multiformer_jax.runtime.xla_flags import add_default_xla_flags
   add_default_xla_flags()
-  app.run(run_main)
+  run_app()

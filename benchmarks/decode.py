@@ -89,7 +89,7 @@ def main(argv=None):
     outputs[name] = out
     results.add(variant=name, seconds=round(seconds, 4),
                 sentences_per_s=round(args.batch / seconds, 3),
-                mean_output_tokens=float((out != config.model.pad_id).sum(1).mean()))
+                mean_output_tokens=float((out != model.config.pad_id).sum(1).mean()))
   same = bool(np.array_equal(outputs["cached"][:, :args.tokens],
                              outputs["recompute"][:, :args.tokens]))
   results.add(variant="check", identical_hypotheses=same)

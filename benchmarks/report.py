@@ -241,6 +241,14 @@ the XLA paths', which for local heads multiply more entries); `local(129)/xla` a
 `kernel(256)/xla` are the XLA paths (local.py, kernel.py) for the same functions; `/dropout`
 rows drop attention weights at 0.1, as in training.
 
+**The peers' rows and the targets table come from different runs.** The peers' rows below
+are single runs of the date above; the targets compare ours with the peers in alternated
+(ABBA) rounds of a later run (`benchmarks/attention_pairs.py`,
+docs/benchmarks/cpu/attention_pairs/), where lucidrains and performer-pytorch took 0.332 and
+0.605 s at n = 4096 against these rows' 0.977 and 1.666 s: a machine of the same name ran up
+to 3.5x faster on another day (the lab notebook). Compare ratios within one run, not times
+across runs.
+
 Seconds:
 
 {_table(header, time_rows)}
@@ -369,12 +377,14 @@ def translate_section(directory):
       ["ST BLEU: the same", f"{long['bleu_at_pauses']} / {long['bleu_one_by_one']}"]])
   text = f"""## translate on a folder of recordings
 
-Machine: {_machine(meta)}. Command: `{_cmd(command)}` (the run of the README's main
-command; {meta['split']}'s utterances written as 16-bit wav files; float32 matmul peak
-{meta.get('matmul_peak_gflops', '?')} GFLOP/s in the same run). Every file is cut at its
+Machine: {_machine(meta)}. Command: `{_cmd(command)}` (a run of the README's main
+command on the date above, an older recipe than today's whose ST model read BLEU about 1-3;
+{meta['split']}'s utterances written as 16-bit wav files; float32 matmul peak
+{meta.get('matmul_peak_gflops', '?')} GFLOP/s in the same run). The table measures speed,
+memory and agreement with evaluation, not the model's quality. Every file is cut at its
 pauses, so an utterance of two sentences is decoded as two segments: those are the files whose
-text differs from evaluation's. The BLEU of whole recordings is a document-level figure of a
-model that barely translates (its sentence-level BLEU is the evaluation's).
+text differs from evaluation's. The BLEU of whole recordings is a document-level figure (the
+sentence-level BLEU is the evaluation's).
 
 {table}
 """
@@ -552,8 +562,9 @@ def compile_share_section(directory):
               _verdict(r["compile_fraction"] <= limits[r["cache"]])] for r in rows]
   text = f"""## Compiling: the share of each stage's time
 
-Machine: {_machine(meta)}. Command: `{_cmd(meta['command'])}`: the main job's command twice with
-an empty persistent compilation cache, the second run reading what the first wrote. Seconds of
+Machine: {_machine(meta)}. Command: `{_cmd(meta['command'])}`: the main job's command of the
+date above (an older recipe than today's: the updates in the table) twice with an empty
+persistent compilation cache, the second run reading what the first wrote. Seconds of
 each stage's training loop (updates, dev loss, dev WER / BLEU decoding, checkpoints) and of
 those the seconds in tracing, lowering and XLA's compile or cache read (JAX's monitoring
 events; `compile_s` in the stage's DONE.json).{note}

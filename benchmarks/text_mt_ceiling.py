@@ -28,7 +28,7 @@ import jax
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 from benchmarks.common import machine  # noqa: E402
-from data_prep.cli_errors import load_config_file  # noqa: E402
+from data_prep.common.cli_errors import load_config_file  # noqa: E402
 from multiformer_jax.evaluation.metrics import corpus_bleu  # noqa: E402
 from multiformer_jax.training import text_stage  # noqa: E402
 

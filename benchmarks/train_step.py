@@ -39,7 +39,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
                                lowered_flops, machine, matmul_peak, read_results)
 from multiformer_jax import build_model
-from multiformer_jax.training import train  # noqa: E402
+from multiformer_jax.training import optimizer
+from multiformer_jax.training import steps
 from multiformer_jax.model import dropout as dropout_lib  # noqa: E402
 from multiformer_jax.model.model_config import DROPOUT_RATES  # noqa: E402
 from multiformer_jax.training.parallel import DataParallel  # noqa: E402
@@ -71,10 +72,10 @@ def load_config(spec: str, dtype: str):
 
 def setup(config):
   model = build_model(config)
-  tx, schedule = train.make_optimizer(config.train, config.st)
+  tx, schedule = optimizer.make_optimizer(config.train, config.st)
   dp = DataParallel("jit")
-  step, _ = train.make_steps(model, tx, schedule, dp, config.train.label_smoothing)
-  state = dp.replicate(train.create_state(model, tx, jax.random.PRNGKey(0)))
+  step, _ = steps.make_steps(model, tx, schedule, dp, config.train.label_smoothing)
+  state = dp.replicate(steps.create_state(model, tx, jax.random.PRNGKey(0)))
   return model, step, state, dp
 
 

@@ -7,6 +7,8 @@ e.g. `configs/s2t_v2.py:runlocal` (the tiny CPU variant of the experiment).
 
 import ml_collections
 
+from data_prep.embedded import spec as embedded_spec
+
 # The thesis's Local(64): each token attends to the 64/2 = 32 tokens on each side.
 THESIS_LOCAL = "local(65)"
 # The no-downsampling models (4x longer encoder sequences) keep the loop-based memory options
@@ -24,9 +26,9 @@ def get_config(arg=None):
   config.reported = ml_collections.ConfigDict({"bleu": -1.0, "wer": -1.0, "source": "",
                                                "averages": ""})
 
-  # --- model: every field of multiformer_jax.model.model_config.ModelConfig ---------------------
+  # --- model: multiformer_jax.model.model_config.ModelConfig's fields (the vocabulary size and
+  # the task counts are set from the prepared data) ------------------------------------------
   m = config.model = ml_collections.ConfigDict()
-  m.vocab_size = 8000          # target vocabulary incl. the 4 fairseq specials (set by data)
   m.input_dim = 80             # fbank channels
   m.d_model = 256              # embedding / attention width
   m.ffn_dim = 2048             # feed-forward hidden width
@@ -68,9 +70,6 @@ def get_config(arg=None):
   m.task_tag = ""
   m.encoder_task_tag = ""      # per stack ('' = task_tag): the paper keys encoder heads by
   m.decoder_task_tag = ""      # source_lang and decoder heads by target_lang
-  m.num_tasks = 1              # the task counts are set from the training data
-  m.encoder_num_tasks = 0
-  m.decoder_num_tasks = 0
   m.encoder_candidates = 0     # H' candidate heads per encoder layer, encoder_heads of them used;
                                # the encoder layout then lists the H' candidates (any kinds)
   m.decoder_candidates = 0     # H' candidates in decoder self-attention (0 = no selection)
@@ -78,40 +77,19 @@ def get_config(arg=None):
   m.selection_temperature = 5.0         # Gumbel-sigmoid temperature (train.selection_* anneal)
   m.selection_inference = "deterministic"  # or 'noisy': the reference's sampling at inference
   m.adapter_dim = 0            # per-task adapters after every layer (the paper's baseline)
-  m.bos_id = 0                 # fairseq dictionary specials
-  m.pad_id = 1
-  m.eos_id = 2
-  m.unk_id = 3
 
   # --- data: data_prep/prepare.py output, and how to batch it -----------------------------
   d = config.data = ml_collections.ConfigDict()
   d.prepared_dir = "data/prepared/mustc_en_de"   # python -m data_prep.prepare --out ...
   # If prepared_dir is not prepared yet, run.py prepares it from here (resumable):
-  d.corpus = "mustc"           # mustc | mtedx | europarl_st | covost2 (the embedded corpus is
-                               # mustc)
+  d.corpus = "mustc"           # mustc | mtedx | europarl_st | covost2 | embedded (built into
+                               # `root` first from data.embedded.*, then read as mustc)
   d.root = ""                  # the corpus download directory
   d.pairs = "en-de"            # comma-separated language pairs (X-X: ASR data, e.g. mTEDx's)
   d.eval_only_pairs = ""       # pairs prepared for dev and test only: zero-shot directions
-  d.embedded = False           # build the embedded corpus into `root` first (no download)
-  d.embedded_sources = "en"    # embedded corpus: source language(s)
-  d.embedded_target = "de"     # embedded corpus: target language(s), comma-separated
-  d.embedded_text = "catalogs"  # embedded corpus: text sources, "catalogs" or "catalogs,ding"
-  d.embedded_speakers_per_sentence = 2  # embedded corpus: voices per training sentence
-  d.embedded_speakers_per_variant = 1   # embedded corpus: training speakers of each variant
-  d.embedded_extra_training_variants = False  # embedded corpus: 37 more training voices
-  d.embedded_max_heldout = 0   # embedded corpus: cap on dev and on test sentences (0 = none)
-  d.embedded_synthesizers = "espeak"   # embedded corpus: training voices' synthesizers,
-                               # espeak plus any of flite, festival, mbrola, rhvoice (apt-get
-                               # download)
-  d.embedded_unseen_synthesizer = ""   # embedded corpus: build tst-unseen-synth, tst-COMMON's
-                               # sentences spoken by this synthesizer (flite | festival |
-                               # mbrola | rhvoice)
-  d.embedded_other_synthesizer_share = 0.0  # embedded corpus: share of training utterances
-                               # spoken by those besides espeak (0: as their share of voices)
-  d.embedded_other_speakers_per_voice = 0  # embedded corpus: training speakers (rate, pitch)
-                               # of each of their voices (0: embedded_speakers_per_variant)
-  d.embedded_bible_english = "web"     # embedded corpus, text "bible": web | kjv
-  d.embedded_bible_max_words = 20      # embedded corpus, text "bible": longest verse kept
+  # The embedded corpus (data.corpus="embedded"): every field of data_prep.embedded.spec.
+  # CorpusSpec, documented there (the same settings as `python -m data_prep.embedded --help`).
+  d.embedded = ml_collections.ConfigDict(embedded_spec.config_defaults())
   d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
   d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)
   d.st_vocab = 8000
@@ -131,14 +109,9 @@ def get_config(arg=None):
   d.specaugment = True         # training split only
   d.specaugment_policy = "lb"  # lb | ld | sm | ss (the SpecAugment paper's, fairseq's names),
                                # then optional overrides: "sm,time_mask_p=0.1"
-  d.vtlp_warp = 0.0            # training split only: warp each utterance's frequency axis by
-                               # alpha ~ U[1 -/+ vtlp_warp] (VTLP; Jaitly & Hinton: 0.1); 0 = off
-  d.noise_prob = 0.0           # training split only: this share of the utterances get white
-  d.noise_snr_db = (10.0, 30.0)  # noise at snr ~ U[noise_snr_db] dB (features.AdditiveNoise)
   d.loader_workers = -1        # background processes assembling training batches; 0 = in the
                                # training loop; -1 = by backend: 0 on CPU (they would take the
                                # step's cores), min(8, cores / 2) with an accelerator
-  d.prefetch_batches = 4       # training batches assembled ahead of the step
   d.seed = 1
 
   # --- training: shared by both stages ----------------------------------------------------
@@ -164,23 +137,17 @@ def get_config(arg=None):
   # --- the two stages ----------------------------------------------------------------------
   config.asr = stage_config(lr=1e-3)
   config.st = stage_config(lr=2e-3)
-  # ST stage: initialise the encoder from the ASR stage's latest | best | average (of the last
-  # N) | around_best (average of the N around the best) checkpoint, N = encoder_init_average.
+  # ST stage: initialise the encoder from the ASR stage's latest | best | average | around_best
+  # checkpoint, averaging as evaluation does (eval.average_last, eval.average_around_best).
   config.st.encoder_init = "average"
-  config.st.encoder_init_average = 10
-  # Also carry the ASR decoder's layers (not its embeddings or output projection, which belong
-  # to the ASR vocabulary): its cross-attention has learned to follow the encoder.
-  config.st.carry_decoder_layers = False
   config.st.decoder_init = ""  # "mt": start the ST decoder from the text stage's (below)
   # "mt": the text stage's encoder stacked on the speech encoder, reading the distribution of
   # the ST stage's CTC head over the source pieces (SATE's adaptor; needs st.ctc_weight > 0)
   config.st.text_encoder = ""
-  config.st.targets = "references"   # "mt": learn the text stage's translations of the
-                                     # training transcripts (sequence-level distillation)
 
-  # --- the text stage (only with st.decoder_init="mt" or st.targets="mt"): a text-to-text model
-  # on the corpus's (transcript, translation) pairs whose decoder starts the ST stage's
-  # (fairseq's MT recipe) or whose translations the ST stage learns
+  # --- the text stage (only with st.decoder_init="mt" or st.text_encoder="mt"): a text-to-text
+  # model on the corpus's (transcript, translation) pairs whose decoder starts the ST stage's
+  # (fairseq's MT recipe) and whose encoder the ST stage can stack on its speech encoder
   mt = config.mt = ml_collections.ConfigDict()
   mt.lr = 5e-4
   mt.lr_scheduler = "inverse_sqrt"   # or "polynomial_decay", as the stages
@@ -188,7 +155,7 @@ def get_config(arg=None):
   mt.max_updates = 20000
   mt.batch = 128               # sentence pairs per update
   mt.length = 0                # pieces per side (longer sides cut); 0 = the training pairs'
-  mt.max_length = 128          # 99th percentile, at most max_length
+                               # 99th percentile, at most 128
   mt.num_buckets = 3           # batch widths (length quantiles), one compiled update each
   mt.encoder_layers = 3        # full-attention text encoder (the model's width and heads)
   mt.dropout = 0.3
@@ -254,13 +221,13 @@ def stage_config(lr):
   s.eval_every = 1000          # updates between dev evaluations + checkpoints; -1 = once per
                                # epoch of the training data (fairseq's default)
   s.keep_last = 10             # checkpoints kept besides the best (by dev loss); at least
-                               # the number averaged (eval.average_last, encoder_init_average)
+                               # the number averaged (eval.average_last)
   # Two-step recipes (the adapter baseline: train a model, then only its new adapters):
   s.init_from = ""             # workdir of another run: its same stage's parameters initialise
                                # this one's (tensors it lacks stay fresh); overrides the ST
                                # encoder carry from this run's ASR stage
   s.init_from_checkpoint = "latest"   # latest | best | average | around_best of that run
-  s.init_from_average = 10     # checkpoints averaged by average / around_best
+                               # (averaging eval.average_last / eval.average_around_best)
   s.train_only = ""            # comma-separated substrings of parameter names to train (e.g.
                                # "adapters_"); the others are frozen. '' = train everything
   s.frozen = ""                # comma-separated substrings of parameter names kept fixed (e.g.

@@ -55,12 +55,13 @@ def get_config(arg=None):
   d = config.data
   d.root = "data/embedded_multilingual"
   d.prepared_dir = "data/prepared/embedded_de_es_fr_en"
-  d.embedded_sources, d.embedded_target = "de,es,fr", "en"
+  d.embedded.sources, d.embedded.target = "de,es,fr", "en"
   d.pairs = "de-en,es-en,fr-en"
   d.asr_vocab, d.st_vocab = 1000, 500
   # The recipe the measurements in docs/head_selection.md used (the quickstart's of then):
   # catalog text only, two voices per training sentence, 200 updates per stage at 16000 frames.
-  d.embedded_text, d.embedded_speakers_per_sentence, d.embedded_max_heldout = "catalogs", 2, 0
+  d.embedded.text, d.embedded.train_speakers_per_sentence = "catalogs", 2
+  d.embedded.max_heldout = 0
   d.specaugment = True
   d.max_frames = 16000
   m.dropout = m.attention_dropout = m.activation_dropout = 0.1

@@ -1,1 +1,3 @@
-"""Corpus preparation: readers, features, the embedded corpus, SentencePiece, TFDS shards."""
+"""Corpus preparation: readers, features, SentencePiece, ArrayRecord shards (this folder's
+modules); the embedded corpus (`embedded/`); what data_prep and multiformer_jax share
+(`common/`)."""

@@ -58,7 +58,7 @@ class SegmentRecord:
 _OBTAIN = {
     "mustc": "MuST-C is downloaded by hand from https://ict.fbk.eu/must-c/ (accept the licence, "
              "then untar, e.g. MUSTC_v1.0_en-de.tar.gz). Or build the embedded corpus: "
-             "python -m data_prep.embedded_corpus --out data/embedded",
+             "python -m data_prep.embedded --out data/embedded",
     "mtedx": "mTEDx is downloaded from https://www.openslr.org/100 (e.g. mtedx_es-en.tgz).",
     "europarl_st": "Europarl-ST is downloaded from https://www.mllp.upv.es/europarl-st/ "
                    "(v1.1); convert audios/*.m4a to 16 kHz wav or flac first.",

@@ -41,10 +41,10 @@ import signal
 
 import numpy as np
 
-from data_prep import (cli_errors, corpora, fairseq_data, features, index_io, tfds_dataset,
-                       vocab)
+from data_prep import corpora, fairseq_data, features, index_io, tfds_dataset, vocab
+from data_prep.common import cli_errors
 from data_prep.audio import AudioError, cut_segment, load_audio
-from data_prep.progress import progress_bar
+from data_prep.common.progress import progress_bar
 
 MIN_FRAMES = 5
 MAX_TRAIN_FRAMES = 3000

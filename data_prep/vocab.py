@@ -7,7 +7,7 @@ a piece id is the model's token id.
 
 import os
 
-BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 LANG_TAG = "<lang:{}>"   # fairseq's target-language tag (prepend_tgt_lang_tag)
 
 

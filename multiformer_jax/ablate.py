@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import sys
 
-from data_prep import cli_errors
+from data_prep.common import cli_errors
 
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
            "asr_wer_by_task", "st_bleu_by_task", "reported_bleu", "reported_wer",
@@ -140,7 +140,7 @@ def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
   parser.add_argument("--configs", required=True, help="comma-separated config files")
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--arg", default="", help="variant passed to every config (file.py:ARG)")

@@ -17,7 +17,7 @@ from multiformer_jax.model.model_config import ModelConfig
 def stage_pairs(config, stage: str) -> tuple[str, ...]:
   """The language pairs a stage trains and is evaluated on: {stage}.pairs, comma-separated
   ('' = every prepared pair for ASR, every translation pair for ST)."""
-  pairs = config[stage].get("pairs", "") if stage in config else ""
+  pairs = config[stage].pairs if stage in config else ""
   return tuple(p.strip() for p in pairs.split(",") if p.strip())
 
 
@@ -30,12 +30,7 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
       specaugment=d.specaugment and split_kind == "train",
-      # A run's saved config may predate the key: it then trained with the pipeline's default.
-      specaugment_policy=d.get("specaugment_policy", ip.PipelineConfig.specaugment_policy),
-      vtlp_warp=(d.get("vtlp_warp", ip.PipelineConfig.vtlp_warp) if split_kind == "train"
-                 else 0.0),
-      noise_prob=d.get("noise_prob", 0.0) if split_kind == "train" else 0.0,
-      noise_snr_db=tuple(d.get("noise_snr_db", ip.PipelineConfig.noise_snr_db)),
+      specaugment_policy=d.specaugment_policy,
       seed=d.seed, source_ctc=task == "st" and stage_ctc_weight(config, "st") > 0,
       target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
 
@@ -49,7 +44,7 @@ def stack_task_field(tag: str, stage: str) -> str:
 def stack_task_tags(model) -> dict[str, str]:
   """{'encoder' | 'decoder': the stack's task tag}: its own model.{side}_task_tag or the shared
   model.task_tag ('' = one task). `model`: config.model or a dict of its keys."""
-  return {side: model.get(f"{side}_task_tag", "") or model.get("task_tag", "")
+  return {side: model[f"{side}_task_tag"] or model["task_tag"]
           for side in ("encoder", "decoder")}
 
 
@@ -117,7 +112,7 @@ def stage_ctc_weight(config, stage: str | None) -> float:
   multi-task encoder loss of ESPnet-ST and fairseq's speech-to-text CTC auxiliary."""
   if stage is None or stage not in config:
     return 0.0
-  weight = float(config[stage].get("ctc_weight", 0.0))
+  weight = float(config[stage].ctc_weight)
   if not 0.0 <= weight < 1.0:
     raise ValueError(f"{stage}.ctc_weight={weight}; valid: 0 <= weight < 1")
   return weight
@@ -135,7 +130,7 @@ def source_ctc_vocab_size(config) -> int:
 def stacks_text_encoder(config) -> bool:
   """Whether the ST model stacks the text stage's encoder on its speech encoder
   (st.text_encoder="mt"; model/stacked.py)."""
-  return "st" in config and config.st.get("text_encoder", "") == "mt"
+  return "st" in config and config.st.text_encoder == "mt"
 
 
 def stacked_text_layers(config) -> int:

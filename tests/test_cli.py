@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from configs import quickstart
-from data_prep import cli_errors
+from data_prep.common import cli_errors
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,3 +53,13 @@ def test_the_traceback_on_request(monkeypatch):
   monkeypatch.setenv(cli_errors.TRACEBACK_ENV, "1")
   with pytest.raises(ValueError, match="data.cmvn='x'"):
     cli_errors.report_user_errors(fail)
+
+
+def test_help_exits_0_and_says_each_commands_first_paragraph_whole():
+  done = _run("run.py", "--help")
+  assert done.returncode == 0 and "--workdir" in done.stdout + done.stderr
+  for module, ending in (("multiformer_jax.ablate", "(markdown + CSV)."),
+                         ("multiformer_jax.import_fairseq", "(`--config.st.init_from=OUT`).")):
+    done = _run("-m", module, "--help")
+    assert done.returncode == 0
+    assert ending in " ".join(done.stdout.split()), done.stdout

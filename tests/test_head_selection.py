@@ -227,7 +227,7 @@ def test_translate_is_deterministic_unless_noisy_inference_is_asked_for():
 
 def test_the_selection_logits_can_have_a_learning_rate_of_their_own():
   import ml_collections  # pylint: disable=import-outside-toplevel
-  from multiformer_jax.training import train  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.training import optimizer  # pylint: disable=import-outside-toplevel
   params = {"encoder": {"head_selector": {"logits": jnp.zeros((2, 3))},
                         "layers_0": {"w": jnp.zeros((3,))}}}
   grads = jax.tree_util.tree_map(jnp.ones_like, params)
@@ -235,8 +235,8 @@ def test_the_selection_logits_can_have_a_learning_rate_of_their_own():
   for multiplier in (1.0, 20.0):
     cfg = ml_collections.ConfigDict(dict(clip_norm=1e9, adam_b1=0.9, adam_b2=0.98,
                                          adam_eps=1e-8, selection_lr_multiplier=multiplier))
-    tx, _ = train.make_optimizer(cfg, ml_collections.ConfigDict(dict(lr=1e-3,
-                                                                     warmup_updates=0)))
+    tx, _ = optimizer.make_optimizer(cfg, ml_collections.ConfigDict(
+        dict(lr=1e-3, lr_scheduler="inverse_sqrt", warmup_updates=0)))
     updates, _ = tx.update(grads, tx.init(params), params)
     steps[multiplier] = updates
   np.testing.assert_allclose(steps[20.0]["encoder"]["head_selector"]["logits"],

@@ -14,7 +14,9 @@ import pytest
 
 from configs import default
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.training import train
+from multiformer_jax import experiment
+from multiformer_jax.training import optimizer
+from multiformer_jax.training import steps
 from multiformer_jax.evaluation.inference import make_translate
 from multiformer_jax.model import S2TModel
 from multiformer_jax.training.parallel import DataParallel
@@ -50,16 +52,16 @@ def tiny_config(prepared_dir, layout):
 def memorise(config, task, model_class=S2TModel):
   """Trains on the first UTTERANCES dev utterances (one batch) -> (model, params, data, batch,
   final training loss per token)."""
-  data = ip.SplitData(train.pipeline_config(config, task), "dev")
+  data = ip.SplitData(experiment.pipeline_config(config, task), "dev")
   batcher = ip.Batcher(data, train=False)
   batch = batcher.assemble(0, np.arange(UTTERANCES), 0)
-  model = model_class(train.model_config_for(config, data.vocab.size))
+  model = model_class(experiment.model_config_for(config, data.vocab.size))
   stage = config[task]
   stage.lr, stage.warmup_updates = 3e-3, 30
-  tx, schedule = train.make_optimizer(config.train, stage)
+  tx, schedule = optimizer.make_optimizer(config.train, stage)
   dp = DataParallel("jit")
-  train_step, _ = train.make_steps(model, tx, schedule, dp, 0.0, config.train)
-  state = dp.replicate(train.create_state(model, tx, jax.random.PRNGKey(0)))
+  train_step, _ = steps.make_steps(model, tx, schedule, dp, 0.0, config.train)
+  state = dp.replicate(steps.create_state(model, tx, jax.random.PRNGKey(0)))
   device_batch = dp.shard(batch)
   for _ in range(UPDATES):
     state, sums = train_step(state, device_batch, True, True)

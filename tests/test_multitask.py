@@ -15,6 +15,7 @@ from multiformer_jax.analysis import analyze
 from multiformer_jax.evaluation import decode, evaluate
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.training import train
+from multiformer_jax import experiment
 from multiformer_jax.analysis import selection as selection_lib
 from tests.conftest import _good_segments, write_split
 from tests.test_train import tiny_config
@@ -49,7 +50,7 @@ def multitask_config(prepared_dir):
 
 def test_target_language_tags_prefix_the_targets_and_stay_out_of_the_loss(one_to_many):
   config = multitask_config(one_to_many)
-  data = ip.SplitData(train.pipeline_config(config, "st"), "train")
+  data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
   tags = {lang: data.vocab.symbol_id(vocab.lang_tag(lang)) for lang in ("de", "fr")}
   assert None not in tags.values() and len(set(tags.values())) == 2
   batcher = ip.Batcher(data, True)
@@ -59,14 +60,14 @@ def test_target_language_tags_prefix_the_targets_and_stay_out_of_the_loss(one_to
     assert batch["prev_tokens"][row, 1] == tags[lang]         # EOS, tag, tokens ...
     assert batch["targets"][row, 0] == vocab.PAD_ID            # the tag is not predicted
   # ASR targets (transcripts) get no tag.
-  asr = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  asr = ip.SplitData(experiment.pipeline_config(config, "asr"), "train")
   assert asr.prefix is None
 
 
 def test_a_single_target_corpus_has_no_tags_and_says_so(prepared):
   config = multitask_config(prepared[1])
   with pytest.raises(ValueError, match=r"no <lang:de> symbol"):
-    ip.SplitData(train.pipeline_config(config, "st"), "train")
+    ip.SplitData(experiment.pipeline_config(config, "st"), "train")
 
 
 def test_forced_prefix_in_beam_search():
@@ -122,7 +123,7 @@ def pairs_of(data):
 
 def test_each_stage_reads_its_pairs_of_one_prepared_dataset(multilingual):
   config = per_stack_config(multilingual)
-  split = lambda stage, name: ip.SplitData(train.pipeline_config(config, stage), name)
+  split = lambda stage, name: ip.SplitData(experiment.pipeline_config(config, stage), name)
   # Multilingual ASR on the X-X pairs; ST on the translation directions, the zero-shot one in
   # dev only (eval_only_pairs are not prepared for the training split).
   assert pairs_of(split("asr", "train")) == sorted(ASR_PAIRS)
@@ -152,7 +153,7 @@ def test_task_names_are_per_stack_and_the_same_in_both_stages(multilingual):
   assert (model.stack_num_tasks("encoder"), model.stack_num_tasks("decoder")) == (3, 4)
   # A model keyed by pair has no task for the zero-shot direction: its rows are counted and
   # left out, not decoded with another task's parameters.
-  dev = ip.SplitData(train.pipeline_config(config, "st"), "dev")
+  dev = ip.SplitData(experiment.pipeline_config(config, "st"), "dev")
   by_pair = {"encoder": ip.TaskKey("pair", tuple(sorted(TRANSLATION_PAIRS + ASR_PAIRS)))}
   known, left_out = experiment.known_task_rows(dev, by_pair)
   assert pairs_of(known) == sorted(TRANSLATION_PAIRS)
@@ -280,7 +281,7 @@ def test_two_corpora_prepare_as_one_multi_domain_dataset(tmp_path):
   assert summary["splits"] == {"train": 24, "dev": 8}
   config = tiny_config(out)
   config.model.task_tag = "domain"
-  data = ip.SplitData(train.pipeline_config(config, "st"), "dev")
+  data = ip.SplitData(experiment.pipeline_config(config, "st"), "dev")
   assert sorted(set(data.tag_values["domain"])) == ["europarl", "mtedx"]
   assert len(set(data.ids)) == len(data.ids)                   # ids stay unique
   with pytest.raises(ValueError, match="one root per corpus"):

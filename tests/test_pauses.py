@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import soxr
 
-from data_prep import espeak
+from data_prep.embedded.voices import Voice, espeak
 from data_prep.audio import SAMPLE_RATE
-from data_prep.progress import PeriodicProgress, progress_bar
+from data_prep.common.progress import PeriodicProgress, progress_bar
 from multiformer_jax.evaluation import pauses
 
 SENTENCES = [
@@ -36,7 +36,7 @@ def _speech_span(samples, threshold=0.01):
 def spoken():
   """Sentences spoken by espeak-ng at 16 kHz, float in [-1, 1]."""
   synth = espeak.Synthesizer()
-  voice = espeak.Voice("en-us", "m3", 165, 45)
+  voice = Voice("en-us", "m3", 165, 45)
   out = []
   for text in SENTENCES:
     audio = synth.synthesize(text, voice).astype(np.float32) / 32768.0

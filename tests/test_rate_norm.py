@@ -3,7 +3,6 @@
 import itertools
 
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 
@@ -124,13 +123,14 @@ def test_bad_settings_name_the_value_and_what_is_valid():
     make_translate(plain, 2, 1.0, 0.0, 5, rate_norm_target=0.5)
 
 
-def test_settings_apply_to_the_listed_stages_and_old_configs_read_off():
-  e = ml_collections.ConfigDict({"rate_norm_target": 0.5, "rate_norm_max_stretch": 1.3,
-                                 "rate_norm_stages": ("asr",)})
+def test_settings_apply_to_the_listed_stages_and_are_off_by_default():
+  from configs import default
+  e = default.get_config().eval
+  assert rate_norm_settings(e, "asr")["rate_norm_target"] == 0.0      # off unless set
+  e.rate_norm_target, e.rate_norm_max_stretch, e.rate_norm_stages = 0.5, 1.3, ("asr",)
   assert rate_norm_settings(e, "asr") == {"rate_norm_target": 0.5,
                                           "rate_norm_max_stretch": 1.3}
   assert rate_norm_settings(e, "st")["rate_norm_target"] == 0.0
-  saved_before = ml_collections.ConfigDict({"beam": 5})
-  assert rate_norm_settings(saved_before, "asr")["rate_norm_target"] == 0.0
+  e.rate_norm_stages = ("nope",)
   with pytest.raises(ValueError, match="rate_norm_stages"):
-    rate_norm_settings(ml_collections.ConfigDict({"rate_norm_stages": ("nope",)}), "asr")
+    rate_norm_settings(e, "asr")

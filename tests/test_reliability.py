@@ -4,6 +4,7 @@ run-to-run determinism. Every interrupted run must end with the parameters of an
 run, bit for bit (CPU)."""
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +23,12 @@ import pytest
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import faults
 from multiformer_jax.training import train
+from multiformer_jax import experiment
+from multiformer_jax.training import loop
+from multiformer_jax import model as model_lib
+from multiformer_jax.training import optimizer
+from multiformer_jax.training import steps
+from multiformer_jax.training import transfer
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.training.parallel import DataParallel
 from tests.test_train import devices_flag, losses, tiny_config
@@ -99,7 +107,7 @@ def test_sigkill_at_several_points_then_rerun_gives_the_same_parameters(config_f
   for fault in ("asr.update:3", "asr.checkpoint:4", "asr.update:6"):
     result = _run(config_file, workdir, fault)
     assert result.returncode == -signal.SIGKILL, (fault, result.stderr[-3000:])
-    assert not os.path.exists(os.path.join(workdir, "asr", train.DONE))
+    assert not os.path.exists(os.path.join(workdir, "asr", loop.DONE))
     if fault == "asr.checkpoint:4":
       # Really killed mid-write: only orbax's temporary directory, no (half) step 4.
       assert ckpt_lib.StageCheckpoints(checkpoints).steps() == []
@@ -138,7 +146,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(config_file, r
                                                                   tmp_path):
   workdir = str(tmp_path / "corrupt")
   shutil.copytree(reference, workdir)
-  os.remove(os.path.join(workdir, "asr", train.DONE))          # as if killed after saving 8
+  os.remove(os.path.join(workdir, "asr", loop.DONE))          # as if killed after saving 8
   latest = os.path.join(workdir, "asr", "checkpoints", str(MAX_UPDATES))
   for root, _, files in os.walk(os.path.join(latest, "state")):
     for name in files:                                          # truncate every state file
@@ -161,12 +169,12 @@ def test_fault_spec_errors_name_the_bad_item(monkeypatch):
 
 def _tiny_step(prepared_dir):
   config = tiny_config(prepared_dir)
-  data = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  data = ip.SplitData(experiment.pipeline_config(config, "asr"), "train")
   batch = ip.Batcher(data, True).assemble(0, np.arange(2), 0)
-  model = train.S2TModel(train.model_config_for(config, data.vocab.size))
-  tx, schedule = train.make_optimizer(config.train, config.asr)
-  state = train.create_state(model, tx, jax.random.PRNGKey(0))
-  step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
+  model = model_lib.S2TModel(experiment.model_config_for(config, data.vocab.size))
+  tx, schedule = optimizer.make_optimizer(config.train, config.asr)
+  state = steps.create_state(model, tx, jax.random.PRNGKey(0))
+  step, _ = steps.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
   return state, batch, step
 
 
@@ -210,7 +218,7 @@ def test_consecutive_non_finite_updates_stop_the_run_with_advice(prepared, tmp_p
   skipped = [r for r in records if "skipped_utterances" in r]
   assert [r["skipped_total"] for r in skipped] == [1, 2, 3]
   ids = json.loads(skipped[0]["skipped_utterances"])[0]
-  data = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  data = ip.SplitData(experiment.pipeline_config(config, "asr"), "train")
   assert ids and set(ids) <= set(map(str, data.ids))   # the utterances of the skipped update
 
 
@@ -232,56 +240,52 @@ def test_same_seed_and_config_give_identical_loss_curves(prepared, tmp_path):
 def test_training_skips_utterances_longer_than_max_source_frames(prepared):
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir)
-  data = ip.SplitData(train.pipeline_config(config, "asr"), "train")
+  data = ip.SplitData(experiment.pipeline_config(config, "asr"), "train")
   limit = int(np.sort(data.n_frames)[-3])              # the two longest are over the limit
   config.data.max_source_frames = limit
-  batcher = ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr"), "train"), True)
+  batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"), True)
   longest = np.argsort(data.n_frames, kind="stable")[-2:]
   assert sorted(batcher.too_long) == sorted(str(data.ids[i]) for i in longest
                                             if data.n_frames[i] > limit)
   planned = np.concatenate([idx for _, idx in batcher.epoch_plan(0)])
   assert not set(planned[planned >= 0]) & set(longest[data.n_frames[longest] > limit])
   assert len(set(planned[planned >= 0])) == len(data) - len(batcher.too_long)
-  evaluation = ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr", "test"), "train"),
+  evaluation = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr", "test"), "train"),
                           False)
   assert not evaluation.too_long                       # evaluation never drops an utterance
   config.data.max_source_frames = int(data.n_frames.min()) - 1
   with pytest.raises(ValueError, match="every utterance of train is longer than "
                                        "data.max_source_frames"):
-    ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr"), "train"), True)
+    ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"), True)
 
 
 def test_an_asr_encoder_that_does_not_fit_the_st_config_is_named(prepared):
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir)
-  asr_model = train.S2TModel(train.model_config_for(config, 40))
-  asr_params = train.init_params(asr_model, jax.random.PRNGKey(0))
+  asr_model = model_lib.S2TModel(experiment.model_config_for(config, 40))
+  asr_params = model_lib.init_params(asr_model, jax.random.PRNGKey(0))
   config.model.ffn_dim = 24
-  st_model = train.S2TModel(train.model_config_for(config, 50))
-  st_params = train.init_params(st_model, jax.random.PRNGKey(1))
+  st_model = model_lib.S2TModel(experiment.model_config_for(config, 50))
+  st_params = model_lib.init_params(st_model, jax.random.PRNGKey(1))
   with pytest.raises(ValueError, match=r"(?s)does not fit the ST model config.*"
                                        r"encoder/layers_0/ffn/fc1/kernel: ASR \(16, 32\) vs ST "
                                        r"\(16, 24\).*same model\.\* settings"):
-    train.carry_from_asr(st_params, asr_params, train.logging.getLogger("test"))
+    transfer.carry_from_asr(st_params, asr_params, logging.getLogger("test"))
 
 
-@pytest.mark.parametrize("decoder_layers", [False, True])
-def test_st_init_carries_the_encoder_and_optionally_the_decoder_layers(prepared,
-                                                                      decoder_layers):
+def test_st_init_carries_the_encoder_alone(prepared):
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir)
-  asr_params = train.init_params(train.S2TModel(train.model_config_for(config, 40)),
+  asr_params = model_lib.init_params(model_lib.S2TModel(experiment.model_config_for(config, 40)),
                                  jax.random.PRNGKey(0))
-  st_params = train.init_params(train.S2TModel(train.model_config_for(config, 50)),
+  st_params = model_lib.init_params(model_lib.S2TModel(experiment.model_config_for(config, 50)),
                                 jax.random.PRNGKey(1))
-  carried = train.carry_from_asr(st_params, asr_params, train.logging.getLogger("test"),
-                                 decoder_layers)
-  flat = lambda tree: train.flax.traverse_util.flatten_dict(dict(tree), sep="/")
+  carried = transfer.carry_from_asr(st_params, asr_params, logging.getLogger("test"))
+  flat = lambda tree: flax.traverse_util.flatten_dict(dict(tree), sep="/")
   asr, st, new = flat(asr_params), flat(st_params), flat(carried)
   assert set(new) == set(st)
   for name, value in new.items():
-    from_asr = name.startswith("encoder/") or (
-        decoder_layers and name.split("/")[1].startswith(("layers_", "layer_norm")))
+    from_asr = name.startswith("encoder/")
     np.testing.assert_array_equal(value, asr[name] if from_asr else st[name], err_msg=name)
   assert any(n.startswith("decoder/layers_") for n in new)
   assert new["decoder/embed_tokens/embedding"].shape[0] == 50

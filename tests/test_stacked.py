@@ -13,6 +13,9 @@ from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.model.stacked import StackedTextEncoder, text_layers_config
 from multiformer_jax.model.text_model import TextToText
 from multiformer_jax.training import text_stage, train
+from multiformer_jax import model as model_lib
+from multiformer_jax.training import optimizer
+from multiformer_jax.training import transfer
 from tests.test_model import (TINY, assert_cached_decoding_equals_teacher_forcing,
                               assert_encoder_padding_invariant, tiny_model_factory)
 from tests.test_text_stage import LOG, text_config
@@ -84,19 +87,19 @@ def test_the_st_stage_starts_the_stack_from_the_text_stages_encoder(prepared, tm
   workdir = str(tmp_path)
   results = train.train_and_evaluate(config, workdir)
   assert results["st"]["train"]["updates"] == 2
-  text = text_stage._read_params(workdir)                  # pylint: disable=protected-access
+  text = text_stage.read_params(workdir)
   data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
-  model = train.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
+  model = model_lib.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
   assert model.config.text_encoder_layers == config.mt.encoder_layers == 1
-  fresh = train.init_params(model, jax.random.PRNGKey(1))
-  carried = train._flat(text_stage.carry_from_text_stage(       # pylint: disable=protected-access
+  fresh = model_lib.init_params(model, jax.random.PRNGKey(1))
+  carried = optimizer.flat_params(transfer.carry_from_text_stage(       # pylint: disable=protected-access
       fresh, workdir, LOG, decoder=True, encoder=True))
   flat_text = flax.traverse_util.flatten_dict(text, sep="/")
   for name, value in flat_text.items():
     target = name if name.startswith("decoder/") else f"text_encoder/{name}"
     np.testing.assert_array_equal(carried[target], value)
   assert not np.any(carried["text_encoder/acoustic/kernel"])
-  for name, value in train._flat(fresh).items():          # pylint: disable=protected-access
+  for name, value in optimizer.flat_params(fresh).items():          # pylint: disable=protected-access
     if not name.startswith(("decoder/", "text_encoder/")):
       np.testing.assert_array_equal(carried[name], value)
 

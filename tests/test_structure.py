@@ -1,13 +1,22 @@
-"""The package's arrows run one way: run.py -> training -> evaluation -> model, data, runtime
-(and the analyses beside evaluation). Read from the import statements of every module."""
+"""The project's arrows run one way, read from the import statements of every module (those
+inside functions too):
+
+  run.py -> training -> evaluation -> model, data, runtime (the analyses beside evaluation)
+  multiformer_jax -> data_prep's readers -> data_prep.common
+  data_prep.embedded -> data_prep.common;  configs -> data_prep.embedded.spec
+
+data_prep.common (errors, progress, token ids, the package cache) imports nothing of the
+project: both sides use it. No module imports itself back through others (no circle).
+"""
 
 import ast
 import os
 
 import pytest
 
-PACKAGE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "multiformer_jax")
-# What each part of the package may import from the package (besides itself).
+ROOT = os.path.dirname(os.path.dirname(__file__))
+PACKAGE = os.path.join(ROOT, "multiformer_jax")
+# What each part of multiformer_jax may import from multiformer_jax (besides itself).
 ALLOWED = {
     "model": set(),
     "data": set(),
@@ -18,35 +27,76 @@ ALLOWED = {
     "training": {"evaluation", "model", "data", "runtime", "experiment"},
 }
 COMMANDS = {"evaluate", "translate", "analyze", "ablate", "import_fairseq", "__init__"}
+# What each part of the project may import from data_prep ("readers": its modules outside
+# common/ and embedded/) and from configs.
+DATA_PREP_ALLOWED = {
+    "model": {"common"},
+    "runtime": {"common", "configs"},      # a saved config is read over configs/default.py
+    "experiment": {"common"},
+    "data": {"common", "readers"},
+    "evaluation": {"common", "readers"},
+    "analysis": {"common", "readers"},
+    "training": {"common", "readers", "embedded", "configs"},   # fairseq_run builds one
+    "commands": {"common", "readers"},
+}
+DATA_PREP_PARTS = {        # data_prep's own parts: what they may import of the project
+    "common": set(),
+    "readers": {"common", "readers"},
+    "embedded": {"common", "embedded"},
+}
+
+
+def imported_modules(path: str) -> set[str]:
+  """The dotted names of every module a file imports (`from a import b` gives a.b as well as
+  a, since b may be a module)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  names = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      names.add(node.module)
+      names.update(f"{node.module}.{a.name}" for a in node.names)
+    elif isinstance(node, ast.Import):
+      names.update(a.name for a in node.names)
+  return names
 
 
 def package_imports(path: str) -> set[str]:
   """The first-level parts of multiformer_jax that a module imports."""
-  with open(path, encoding="utf-8") as f:
-    tree = ast.parse(f.read())
-  parts = set()
-  for node in ast.walk(tree):
-    names = []
-    if isinstance(node, ast.ImportFrom) and node.module:
-      names = [node.module] if node.module != "multiformer_jax" else \
-          [f"multiformer_jax.{a.name}" for a in node.names]
-    elif isinstance(node, ast.Import):
-      names = [a.name for a in node.names]
-    parts.update(n.split(".")[1] for n in names
-                 if n.startswith("multiformer_jax.") and len(n.split(".")) > 1)
-  return parts
+  return {n.split(".")[1] for n in imported_modules(path)
+          if n.startswith("multiformer_jax.") and len(n.split(".")) > 1}
 
 
-def modules():
-  for directory, _, files in os.walk(PACKAGE):
+def data_prep_part(dotted: str) -> str:
+  """data_prep.common.x -> common, data_prep.embedded.x -> embedded, data_prep.x -> readers."""
+  parts = dotted.split(".")
+  if len(parts) < 2:
+    return "readers"
+  return parts[1] if parts[1] in ("common", "embedded") else "readers"
+
+
+def project_imports(path: str) -> set[str]:
+  """The data_prep parts and configs a module imports."""
+  found = set()
+  for name in imported_modules(path):
+    if name.startswith("data_prep.") or name == "data_prep":
+      if name != "data_prep":
+        found.add(data_prep_part(name))
+    elif name.split(".")[0] == "configs":
+      found.add("configs")
+  return found
+
+
+def modules(package: str):
+  for directory, _, files in os.walk(os.path.join(ROOT, package)):
     for name in files:
       if name.endswith(".py"):
         path = os.path.join(directory, name)
-        part = os.path.relpath(path, PACKAGE).split(os.sep)[0].removesuffix(".py")
-        yield part, path
+        part = os.path.relpath(path, os.path.join(ROOT, package)).split(os.sep)[0]
+        yield part.removesuffix(".py"), path
 
 
-@pytest.mark.parametrize("part, path", sorted(modules()))
+@pytest.mark.parametrize("part, path", sorted(modules("multiformer_jax")))
 def test_imports_follow_the_arrows(part, path):
   if part in COMMANDS:
     return
@@ -54,3 +104,80 @@ def test_imports_follow_the_arrows(part, path):
   wrong = package_imports(path) - ALLOWED[part] - {part}
   assert not wrong, f"{path} ({part}) imports {sorted(wrong)}; {part} may import " \
                     f"{sorted(ALLOWED[part]) or 'nothing else of the package'}"
+
+
+@pytest.mark.parametrize("part, path", sorted(modules("multiformer_jax")))
+def test_the_package_reads_data_prep_only_below_it(part, path):
+  allowed = DATA_PREP_ALLOWED["commands" if part in COMMANDS else part]
+  wrong = project_imports(path) - allowed
+  assert not wrong, f"{path} ({part}) imports {sorted(wrong)} of data_prep/configs; it may " \
+                    f"import {sorted(allowed)}"
+
+
+@pytest.mark.parametrize("path", sorted(p for _, p in modules("data_prep")))
+def test_data_prep_never_imports_upward(path):
+  part = data_prep_part(".".join(os.path.relpath(path, ROOT).removesuffix(".py").split(os.sep)))
+  names = imported_modules(path)
+  upward = sorted(n for n in names if n.split(".")[0] in ("multiformer_jax", "configs"))
+  assert not upward, f"{path} imports {upward}: data_prep is below the package and configs"
+  wrong = project_imports(path) - DATA_PREP_PARTS[part]
+  assert not wrong, f"{path} ({part}) imports data_prep's {sorted(wrong)}; {part} may import " \
+                    f"{sorted(DATA_PREP_PARTS[part]) or 'nothing of the project'}"
+
+
+def test_configs_read_only_the_corpus_settings_and_each_other():
+  for name in os.listdir(os.path.join(ROOT, "configs")):
+    if name.endswith(".py"):
+      names = imported_modules(os.path.join(ROOT, "configs", name))
+      wrong = sorted(n for n in names if n.split(".")[0] in ("multiformer_jax", "data_prep")
+                     and not n.startswith("data_prep.embedded.spec")
+                     and n not in ("data_prep", "data_prep.embedded"))
+      assert not wrong, f"configs/{name} imports {wrong}"
+
+
+def _module_graph() -> dict[str, set[str]]:
+  """{module: the project modules it imports} over multiformer_jax, data_prep and configs;
+  `from a import b` is an edge to a.b where that is a module, else to a."""
+  paths = {}
+  for package in ("multiformer_jax", "data_prep", "configs"):
+    for directory, _, files in os.walk(os.path.join(ROOT, package)):
+      for name in files:
+        if name.endswith(".py"):
+          path = os.path.join(directory, name)
+          dotted = ".".join(os.path.relpath(path, ROOT).removesuffix(".py").split(os.sep))
+          paths[dotted.removesuffix(".__init__")] = path
+  graph = {}
+  for module, path in paths.items():
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read())
+    edges = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        for alias in node.names:
+          edges.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths
+                    else node.module)
+      elif isinstance(node, ast.Import):
+        edges.update(a.name for a in node.names)
+    graph[module] = {e for e in edges if e in paths and e != module}
+  return graph
+
+
+def test_no_module_imports_itself_back_through_others():
+  graph = _module_graph()
+  assert "multiformer_jax.training.loop" in graph and "data_prep.embedded.voices" in graph
+  state, stack = {}, []
+
+  def visit(module):
+    state[module] = "open"
+    stack.append(module)
+    for imported in sorted(graph[module]):
+      if state.get(imported) == "open":
+        pytest.fail(f"import circle: {' -> '.join(stack[stack.index(imported):] + [imported])}")
+      if imported not in state:
+        visit(imported)
+    stack.pop()
+    state[module] = "done"
+
+  for module in sorted(graph):
+    if module not in state:
+      visit(module)

@@ -1,6 +1,5 @@
-"""The text stage (st.decoder_init="mt", st.targets="mt"): its pairs follow the ST batch's
-conventions, it learns its pairs, the ST stage starts its decoder from it and can learn its
-translations."""
+"""The text stage (st.decoder_init="mt"): its pairs follow the ST batch's conventions, it
+learns its pairs, and the ST stage starts its decoder from it."""
 
 import json
 import logging
@@ -11,12 +10,14 @@ import jax
 import numpy as np
 import pytest
 
-from data_prep import index_io
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.metrics import corpus_bleu
 from multiformer_jax.model.stacked import text_layers_config
 from multiformer_jax.training import text_stage, train
+from multiformer_jax import model as model_lib
+from multiformer_jax.training import optimizer
+from multiformer_jax.training import transfer
 from tests.test_train import tiny_config
 
 LOG = logging.getLogger("test")
@@ -99,15 +100,15 @@ def test_the_st_stage_starts_its_decoder_from_the_text_stage(prepared, tmp_path)
     text = flax.serialization.msgpack_restore(f.read())
   # ST init: every decoder tensor is the text model's, the encoder stays as given.
   data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
-  model = train.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
-  fresh = train.init_params(model, jax.random.PRNGKey(1))
-  carried = text_stage.carry_from_text_stage(fresh, workdir, LOG)
+  model = model_lib.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
+  fresh = model_lib.init_params(model, jax.random.PRNGKey(1))
+  carried = transfer.carry_from_text_stage(fresh, workdir, LOG)
   flat_text = flax.traverse_util.flatten_dict(text["decoder"], sep="/")
-  flat = train._flat(carried)                                  # pylint: disable=protected-access
+  flat = optimizer.flat_params(carried)                                  # pylint: disable=protected-access
   assert len(flat_text) == sum(n.startswith("decoder/") for n in flat) > 10
   for name, value in flat_text.items():
     np.testing.assert_array_equal(flat[f"decoder/{name}"], value)
-  for name, value in train._flat(fresh).items():               # pylint: disable=protected-access
+  for name, value in optimizer.flat_params(fresh).items():               # pylint: disable=protected-access
     if not name.startswith("decoder/"):
       np.testing.assert_array_equal(flat[name], value)
   # A rerun finds the stage done and does not train it again.
@@ -116,73 +117,18 @@ def test_the_st_stage_starts_its_decoder_from_the_text_stage(prepared, tmp_path)
   # A text model of another width does not fit: refused with the tensor and both shapes.
   bigger = text_config(prepared_dir)
   bigger.model.d_model = 32
-  model = train.S2TModel(experiment.model_config_for(bigger, data.vocab.size, None, "st"))
+  model = model_lib.S2TModel(experiment.model_config_for(bigger, data.vocab.size, None, "st"))
   with pytest.raises(ValueError, match=r"does not fit the ST model:\n  decoder/.*text model "
                                        r"\(.*\) vs ST \(.*32"):
-    text_stage.carry_from_text_stage(train.init_params(model, jax.random.PRNGKey(1)), workdir,
+    transfer.carry_from_text_stage(model_lib.init_params(model, jax.random.PRNGKey(1)), workdir,
                                      LOG)
   with pytest.raises(FileNotFoundError, match="the text stage did not finish"):
-    text_stage.carry_from_text_stage(fresh, str(tmp_path / "elsewhere"), LOG)
-
-
-def test_the_st_stage_can_learn_the_text_stages_translations(prepared, tmp_path, monkeypatch):
-  """st.targets="mt": the text model's beam translations of the training transcripts, written
-  once, become the ST stage's training targets (sequence-level distillation); the references,
-  dev and the decoder's start stay as they were."""
-  _, prepared_dir = prepared
-  config = text_config(prepared_dir, max_updates=40, eval_every=20)
-  config.st.decoder_init, config.st.targets = "", "mt"
-  workdir = str(tmp_path)
-  results = train.train_and_evaluate(config, workdir)
-  summary, length = results["mt"]["distilled"], results["mt"]["train"]["length"]
-  data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
-  assert summary["pairs"] == len(data) and summary["source_cut"] == 0
-  # The file holds what the kept parameters translate, an empty translation replaced by its
-  # reference.
-  pairs = text_stage.text_pairs(text_stage.split_data(config, "train"), length)
-  with open(os.path.join(workdir, "mt", text_stage.PARAMS), "rb") as f:
-    params = flax.serialization.msgpack_restore(f.read())
-  translations = text_stage.make_trainer(config, data).translations(params, pairs)
-  expected = [t if t.strip() else r for t, r in zip(translations, data.references)]
-  assert summary["empty"] == sum(not t.strip() for t in translations) < len(data)
-  assert expected != data.references
-  columns = index_io.load(os.path.join(workdir, "mt", text_stage.DISTILLED))
-  assert list(columns["target_text"]) == expected
-  assert list(columns["id"]) == list(map(str, data.ids))
-  # The ST stage's batches carry them; its references stay the corpus's.
-  distilled = text_stage.with_distilled_targets(data, workdir, LOG)
-  assert distilled.references == data.references
-  for i in range(len(data)):
-    assert list(distilled.tokens[i]) == data.vocab.encode(expected[i])
-  batcher = ip.Batcher(distilled, train=False)
-  bucket, indices = batcher.epoch_plan(0)[0]
-  batch = batcher.assemble(bucket, indices, 0)
-  for row, i in enumerate(batch["index"]):
-    if i >= 0:
-      tokens = distilled.tokens[i]
-      np.testing.assert_array_equal(batch["targets"][row, :len(tokens) + 1],
-                                    list(tokens) + [ip.vocab.EOS_ID])
-  # Done once: a rerun reads the summary back.
-  monkeypatch.setattr(text_stage, "make_trainer", lambda *_: pytest.fail("translated again"))
-  assert text_stage.distil_training_targets(config, workdir, LOG) == summary
-  # Translations of other prepared data are refused, naming what to delete.
-  kept = np.ones(len(data), bool)
-  kept[0] = False
-  index_io.save(os.path.join(workdir, "mt", text_stage.DISTILLED),
-                {name: np.asarray(column)[kept] for name, column in columns.items()})
-  with pytest.raises(ValueError, match=r"no translation for 1 of the .* delete .*mt"):
-    text_stage.with_distilled_targets(data, workdir, LOG)
-  with pytest.raises(FileNotFoundError, match="st.targets='mt'"):
-    text_stage.with_distilled_targets(data, str(tmp_path / "elsewhere"), LOG)
-  with pytest.raises(ValueError, match=f"2 target texts for the {len(data)} rows of split"):
-    data.with_targets(["uno", "dos"])
+    transfer.carry_from_text_stage(fresh, str(tmp_path / "elsewhere"), LOG)
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda c: setattr(c.st, "targets", "teacher"), "st.targets='teacher'; valid: 'references'"),
     (lambda c: setattr(c.st, "decoder_init", "text"), "st.decoder_init='text'; valid: ''"),
     (lambda c: setattr(c.mt, "max_updates", 0), "mt.max_updates=0 and mt.batch=8 must be >= 1"),
-    (lambda c: setattr(c.st, "carry_decoder_layers", True), "choose one"),
     (lambda c: setattr(c.model, "task_tag", "target_lang"), "without task-keyed stacks"),
 ])
 def test_text_stage_settings_that_cannot_work_are_refused_before_training(prepared, tmp_path,

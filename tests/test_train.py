@@ -1,6 +1,7 @@
 """Training: the two stages end to end, exact resumption, the loss, the schedule, pmap == jit."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,7 +16,14 @@ import pytest
 from configs import default
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax import experiment
 from multiformer_jax.training import train
+from multiformer_jax.training import loop
+from multiformer_jax import model as model_lib
+from multiformer_jax.training import optimizer
+from multiformer_jax.training import steps
+from data_prep.common import token_ids
+from multiformer_jax.training import transfer
 from multiformer_jax.evaluation.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
 from multiformer_jax.evaluation import inference
 
@@ -135,7 +143,7 @@ def test_interrupted_run_resumes_to_the_same_parameters(prepared, tmp_path):
   cut = tiny_config(prepared_dir, max_updates=3, eval_every=3)
   cut.train.stages = ("asr",)
   train.train_and_evaluate(cut, str(tmp_path / "cut"))
-  os.remove(tmp_path / "cut" / "asr" / train.DONE)     # as if killed after the checkpoint
+  os.remove(tmp_path / "cut" / "asr" / loop.DONE)     # as if killed after the checkpoint
   train.train_and_evaluate(whole, str(tmp_path / "cut"))
   a = ckpt_lib.StageCheckpoints(str(tmp_path / "whole" / "asr" / "checkpoints"))
   b = ckpt_lib.StageCheckpoints(str(tmp_path / "cut" / "asr" / "checkpoints"))
@@ -162,7 +170,7 @@ def test_label_smoothing_matches_the_formula():
 
 
 def test_inverse_sqrt_schedule():
-  schedule = train.inverse_sqrt_schedule(2e-3, 100)
+  schedule = optimizer.inverse_sqrt_schedule(2e-3, 100)
   np.testing.assert_allclose([schedule(0), schedule(50), schedule(100), schedule(400)],
                              [0.0, 1e-3, 2e-3, 1e-3], rtol=1e-6)
 
@@ -173,20 +181,24 @@ def test_averaging_more_checkpoints_than_kept_is_refused_before_training(tmp_pat
   with pytest.raises(ValueError, match=r"asr.keep_last=2 keeps fewer checkpoints than "
                                        r"eval.average_last=3 averages; set asr.keep_last >= 3"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
-  config.eval.average_last = 2
-  config.st.encoder_init, config.st.encoder_init_average = "average", 5
-  with pytest.raises(ValueError, match="asr.keep_last=2 .* st.encoder_init_average=5"):
+  config.eval.checkpoint = "latest"          # the ST encoder init alone averages the last 5
+  config.st.encoder_init, config.eval.average_last = "average", 5
+  with pytest.raises(ValueError,
+                     match=r"asr.keep_last=2 .* eval.average_last \(st.encoder_init\)=5"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
   config.st.encoder_init = "middle"
   with pytest.raises(ValueError, match="st.encoder_init='middle'; valid: latest, best, average, "
                                        "around_best"):
     train.train_and_evaluate(config, str(tmp_path / "run"))
   assert not os.path.exists(tmp_path / "run")      # nothing written
-  # "around_best" keeps its own: the stage keeps that many around the best, whatever keep_last.
+  # "around_best" keeps its own: the stage keeps that many around the best, whatever keep_last,
+  # where evaluation or (for the ASR stage) the ST encoder init selects by it.
   config.st.encoder_init = "around_best"
-  config.eval.checkpoint, config.eval.average_around_best = "around_best", 3
+  config.eval.average_around_best = 5
   train.check_checkpoint_retention(config)
-  assert train.kept_around_best(config, "asr") == 5 and train.kept_around_best(config, "st") == 3
+  assert loop.kept_around_best(config, "asr") == 5 and loop.kept_around_best(config, "st") == 1
+  config.eval.checkpoint = "around_best"
+  assert loop.kept_around_best(config, "st") == 5
 
 
 def test_a_repeat_block_that_cannot_work_is_refused_before_training(tmp_path):
@@ -213,15 +225,15 @@ def test_polynomial_decay_schedule_is_fairseqs():
       return end
     pct_remaining = 1 - (num_updates - warmup) / (total - warmup)
     return (lr - end) * pct_remaining ** power + end
-  schedule = train.polynomial_decay_schedule(3e-3, 100, 1000)
+  schedule = optimizer.polynomial_decay_schedule(3e-3, 100, 1000)
   for u in (0, 1, 50, 100, 101, 550, 999, 1000, 1500):
     np.testing.assert_allclose(schedule(u), fairseq_lr(u), rtol=1e-4, atol=1e-12)  # float32
   stage = {"lr": 3e-3, "warmup_updates": 100, "max_updates": 100,
            "lr_scheduler": "polynomial_decay"}
   with pytest.raises(ValueError, match="max_updates must be larger"):
-    train.make_schedule(ml_collections.ConfigDict(stage))
+    optimizer.make_schedule(ml_collections.ConfigDict(stage))
   with pytest.raises(ValueError, match="valid: inverse_sqrt, polynomial_decay"):
-    train.make_schedule(ml_collections.ConfigDict(dict(stage, lr_scheduler="cosine")))
+    optimizer.make_schedule(ml_collections.ConfigDict(dict(stage, lr_scheduler="cosine")))
 
 
 def test_wer_normalisation():
@@ -245,17 +257,17 @@ PMAP_VS_JIT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, os.getcwd())
     import jax, jax.numpy as jnp, numpy as np
-    from multiformer_jax.training import train
+    from multiformer_jax.training import optimizer, steps
     from multiformer_jax.training.parallel import DataParallel
     from tests.test_train import tiny_update_setup
     config, model, batch = tiny_update_setup()
-    tx, schedule = train.make_optimizer(config.train, config.asr)
+    tx, schedule = optimizer.make_optimizer(config.train, config.asr)
     results = {}
     for mode in ("pmap", "jit"):
       dp = DataParallel(mode)
-      state = train.create_state(model, tx, jax.random.PRNGKey(0))
+      state = steps.create_state(model, tx, jax.random.PRNGKey(0))
       initial = jax.device_get(state.params)                       # the step donates state
-      step, _ = train.make_steps(model, tx, schedule, dp, 0.1)
+      step, _ = steps.make_steps(model, tx, schedule, dp, 0.1)
       new = dp.replicate(state)
       for _ in range(2):
         new, metrics = step(new, dp.shard(batch), True, True)
@@ -306,13 +318,13 @@ def test_frozen_parameters_stay_fixed_and_their_backward_is_not_computed():
   from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
   config.asr.frozen = "encoder/subsample"
-  tx, schedule = train.make_optimizer(config.train, config.asr)    # zeroes their gradients
+  tx, schedule = optimizer.make_optimizer(config.train, config.asr)    # zeroes their gradients
   flat = lambda params: flax.traverse_util.flatten_dict(jax.device_get(params), sep="/")
-  initial = flat(train.create_state(model, tx, jax.random.PRNGKey(0)).params)
+  initial = flat(steps.create_state(model, tx, jax.random.PRNGKey(0)).params)
   after, convolutions = {}, {}
-  for name, trained in (("computed", None), ("skipped", train.trained_predicate(config.asr))):
-    step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1, trained=trained)
-    state = train.create_state(model, tx, jax.random.PRNGKey(0))
+  for name, trained in (("computed", None), ("skipped", optimizer.trained_predicate(config.asr))):
+    step, _ = steps.make_steps(model, tx, schedule, DataParallel("jit"), 0.1, trained=trained)
+    state = steps.create_state(model, tx, jax.random.PRNGKey(0))
     convolutions[name] = step.lower(state, batch, True, True).as_text().count(
         "stablehlo.convolution")
     for _ in range(2):
@@ -329,22 +341,22 @@ def test_frozen_parameters_stay_fixed_and_their_backward_is_not_computed():
   assert max(float(np.abs(after["skipped"][n] - initial[n]).max())
              for n in initial if n not in subsampler) > 1e-4
   assert convolutions == {"computed": 5, "skipped": 2}, convolutions
-  assert not train.trained_predicate(config.asr)("encoder/subsample/conv_layers_0/kernel")
-  assert train.trained_predicate(config.asr)("encoder/layers_0/fc1/kernel")
+  assert not optimizer.trained_predicate(config.asr)("encoder/subsample/conv_layers_0/kernel")
+  assert optimizer.trained_predicate(config.asr)("encoder/layers_0/fc1/kernel")
 
 
 def test_frozen_must_name_a_parameter_and_leave_one_to_train():
   config, model, _ = tiny_update_setup()
-  params = train.init_params(model, jax.random.PRNGKey(0))
+  params = model_lib.init_params(model, jax.random.PRNGKey(0))
   config.asr.frozen = "encoder/subsampler"
   with pytest.raises(ValueError, match=r"asr.frozen='encoder/subsampler' names no parameter of "
                                        r"this model; its parameters are under: .*encoder/subsample"):
-    train.trained_values(params, config.asr, "asr")
+    optimizer.trained_values(params, config.asr, "asr")
   config.asr.frozen = "encoder,decoder,ctc"
   with pytest.raises(ValueError, match=r"leave no parameter to train"):
-    train.trained_values(params, config.asr, "asr")
+    optimizer.trained_values(params, config.asr, "asr")
   config.asr.frozen = "encoder/subsample"
-  trained, total = train.trained_values(params, config.asr, "asr")
+  trained, total = optimizer.trained_values(params, config.asr, "asr")
   subsampler = sum(v.size for v in jax.tree_util.tree_leaves(params["encoder"]["subsample"]))
   assert trained == total - subsampler
 
@@ -355,15 +367,15 @@ def test_accumulated_micro_batches_give_the_update_of_their_union():
   and gives the slow path's update bit for bit."""
   from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
-  tx, schedule = train.make_optimizer(config.train, config.asr)
-  step, _ = train.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
-  initial = train.create_state(model, tx, jax.random.PRNGKey(0))
+  tx, schedule = optimizer.make_optimizer(config.train, config.asr)
+  step, _ = steps.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
+  initial = steps.create_state(model, tx, jax.random.PRNGKey(0))
   initial_params = jax.device_get(initial.params)
   initial, _ = step(initial, batch, True, True)        # learning rate 0: moments only
   start = jax.device_get(initial)
   fresh = lambda: jax.tree_util.tree_map(jax.numpy.asarray, start)   # the step donates it
   halves = [{k: v[rows] for k, v in batch.items()} for rows in (slice(0, 2), slice(2, 4))]
-  tokens = lambda b: float(np.sum((b["targets"] != train.PAD_ID) & (b["weights"][:, None] > 0)))
+  tokens = lambda b: float(np.sum((b["targets"] != token_ids.PAD_ID) & (b["weights"][:, None] > 0)))
 
   whole_sums, _ = step(fresh(), batch, False, True)
   split_sums, _ = step(fresh(), halves[0], False, True)
@@ -433,20 +445,20 @@ def test_hybrid_ctc_loss_trains_a_ctc_head_of_the_stage_that_sets_its_weight():
   from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
   config.asr.ctc_weight = 0.3
-  ctc_model = train.S2TModel(train.model_config_for(config, model.config.vocab_size,
+  ctc_model = model_lib.S2TModel(experiment.model_config_for(config, model.config.vocab_size,
                                                     stage="asr"))
   assert ctc_model.config.ctc_head and ctc_model.config.ctc_scores_output
-  assert not train.model_config_for(config, model.config.vocab_size, stage="st").ctc_head
-  tx, schedule = train.make_optimizer(config.train, config.asr)
+  assert not experiment.model_config_for(config, model.config.vocab_size, stage="st").ctc_head
+  tx, schedule = optimizer.make_optimizer(config.train, config.asr)
   dp = DataParallel("jit")
-  step, _ = train.make_steps(ctc_model, tx, schedule, dp, 0.1, config.train, 0.3)
-  state = train.create_state(ctc_model, tx, jax.random.PRNGKey(0))
+  step, _ = steps.make_steps(ctc_model, tx, schedule, dp, 0.1, config.train, 0.3)
+  state = steps.create_state(ctc_model, tx, jax.random.PRNGKey(0))
   assert "ctc_proj" in state.params
   state, metrics = step(state, dp.shard(batch), True, True)
   assert np.isfinite(float(metrics["ctc"])) and float(metrics["ctc"]) > 0
   config.st.ctc_weight = 1.0
   with pytest.raises(ValueError, match="st.ctc_weight=1.0; valid: 0 <= weight < 1"):
-    train.model_config_for(config, 40, stage="st")
+    experiment.model_config_for(config, 40, stage="st")
 
 
 def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepared, tmp_path):
@@ -467,7 +479,7 @@ def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepare
   st_cfg = experiment.model_config_for(config, sizes["st"], stage="st")
   assert st_cfg.ctc_head and st_cfg.ctc_size == st_cfg.ctc_vocab_size == sizes["asr"]
   assert not st_cfg.ctc_scores_output
-  assert inference.joint_ctc_weight(train.S2TModel(st_cfg), config.eval) == 0.0
+  assert inference.joint_ctc_weight(model_lib.S2TModel(st_cfg), config.eval) == 0.0
 
   # The batch: targets are the translation, ctc_targets the transcript's ASR pieces + EOS.
   data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
@@ -487,11 +499,11 @@ def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepare
       bucket, indices, 0)
 
   # The loss is the CTC of the transcript pieces.
-  model = train.S2TModel(st_cfg)
-  tx, schedule = train.make_optimizer(config.train, config.st)
+  model = model_lib.S2TModel(st_cfg)
+  tx, schedule = optimizer.make_optimizer(config.train, config.st)
   dp = DataParallel("jit")
-  _, eval_step = train.make_steps(model, tx, schedule, dp, 0.1, config.train, 0.3)
-  state = train.create_state(model, tx, jax.random.PRNGKey(0))
+  _, eval_step = steps.make_steps(model, tx, schedule, dp, 0.1, config.train, 0.3)
+  state = steps.create_state(model, tx, jax.random.PRNGKey(0))
   sums = eval_step(state, dp.shard(batch))
   _, sown = model.apply({"params": state.params}, batch["features"], batch["lengths"],
                         batch["prev_tokens"], True, mutable=["ctc"])
@@ -507,11 +519,11 @@ def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepare
     assert any("ctc" in json.loads(line) for line in f)
   asr_params = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
   asr_params = asr_params.params(asr_params.latest())
-  fresh = train.init_params(model, jax.random.PRNGKey(1))
-  carried = train.carry_from_asr(fresh, asr_params, train.logging.getLogger("test"))
+  fresh = model_lib.init_params(model, jax.random.PRNGKey(1))
+  carried = transfer.carry_from_asr(fresh, asr_params, logging.getLogger("test"))
   np.testing.assert_array_equal(carried["ctc_proj"]["kernel"], asr_params["ctc_proj"]["kernel"])
   no_head = {k: v for k, v in asr_params.items() if k != "ctc_proj"}
-  carried = train.carry_from_asr(fresh, no_head, train.logging.getLogger("test"))
+  carried = transfer.carry_from_asr(fresh, no_head, logging.getLogger("test"))
   np.testing.assert_array_equal(carried["ctc_proj"]["kernel"], fresh["ctc_proj"]["kernel"])
 
 
@@ -532,10 +544,10 @@ def test_early_stopping_ends_a_stage_after_patience_evaluations(prepared, tmp_pa
 def test_eval_every_minus_one_evaluates_once_per_epoch(prepared):
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir)
-  batcher = ip.Batcher(ip.SplitData(train.pipeline_config(config, "asr"), "train"), True)
+  batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"), True)
   batches = len(batcher.epoch_plan(0))
   config.asr.eval_every, config.asr.update_freq = -1, 2
-  assert train.resolved_eval_every(config.asr, batcher) == max(1, batches // 2)
+  assert loop.resolved_eval_every(config.asr, batcher) == max(1, batches // 2)
   config.asr.eval_every = 0
   with pytest.raises(ValueError, match=r"eval_every=0; valid: a number of updates >= 1, or -1"):
     train.train_and_evaluate(config, "/nonexistent/run")

@@ -31,7 +31,7 @@ import sys
 
 import numpy as np
 
-from data_prep import cli_errors
+from data_prep.common import cli_errors
 from multiformer_jax import experiment
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.analysis import diagonality as diag

@@ -8,9 +8,9 @@ is not full is filled with padding examples of weight 0.
 
 The order is a pure function of (seed, epoch): the iterator state is (epoch, batches consumed),
 so a resumed run continues with exactly the next batch. Every JAX process computes the same
-global plan and takes its own contiguous slice of each batch. SpecAugment and VTLP (training
-only) draw from generators seeded by (seed, epoch, utterance), so a resumed run sees the same
-masks and warps.
+global plan and takes its own contiguous slice of each batch. SpecAugment (training only)
+draws from generators seeded by (seed, epoch, utterance), so a resumed run sees the same
+masks.
 Evaluation iterates every utterance of a split exactly once. Training batches can be assembled
 ahead by background worker processes (`TrainIterator(workers=...)`), the same batches in the
 same order.
@@ -53,8 +53,6 @@ from data_prep import fairseq_data, index_io, tfds_dataset, vocab
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
-VTLP_STREAM = 1   # a training utterance's VTLP warp: rng [seed, epoch, utterance, VTLP_STREAM]
-NOISE_STREAM = 2  # its additive noise: rng [seed, epoch, utterance, NOISE_STREAM]
 TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
 
 
@@ -69,9 +67,6 @@ class PipelineConfig:
   cmvn: str = "utterance"
   specaugment: bool = True         # training split only
   specaugment_policy: str = "lb"   # data_prep.features.SpecAugment.from_policy
-  vtlp_warp: float = 0.0           # training split only: data_prep.features.VTLP; 0 = off
-  noise_prob: float = 0.0          # training split only: data_prep.features.AdditiveNoise
-  noise_snr_db: tuple[float, float] = (10.0, 30.0)
   seed: int = 0
   target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
   source_ctc: bool = False         # st: batches also carry the source transcript in the ASR
@@ -87,14 +82,6 @@ class PipelineConfig:
       features_lib.SpecAugment.from_policy(self.specaugment_policy)
     except ValueError as e:
       raise ValueError(f"data.specaugment_policy: {e}") from None
-    try:
-      features_lib.VTLP(self.vtlp_warp)
-    except ValueError as e:
-      raise ValueError(f"data.vtlp_warp: {e}") from None
-    try:
-      features_lib.AdditiveNoise(self.noise_prob, tuple(self.noise_snr_db))
-    except (ValueError, TypeError) as e:
-      raise ValueError(f"data.noise_prob / data.noise_snr_db: {e}") from None
 
 
 def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
@@ -236,16 +223,6 @@ class SplitData:
       z = self.zip_features
       part.zip_features = fairseq_data.ZipFeatures(z.zips, z.file_ids[keep], z.offsets[keep],
                                                    z.lengths[keep], z.feature_dim)
-    return part
-
-  def with_targets(self, texts) -> "SplitData":
-    """The same split whose targets are `texts` [rows] instead of the prepared ones (e.g. a
-    teacher's translations); `references` stay the prepared texts."""
-    if len(texts) != len(self):
-      raise ValueError(f"{len(texts)} target texts for the {len(self)} rows of split "
-                       f"{self.split!r}")
-    part = copy.copy(self)
-    part.tokens = self._target_tokens(texts)
     return part
 
   def _target_tokens(self, texts) -> Ragged:
@@ -414,9 +391,6 @@ class Batcher:
     self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
     self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)
                          if (train and cfg.specaugment) else None)
-    self.vtlp = features_lib.VTLP(cfg.vtlp_warp) if (train and cfg.vtlp_warp > 0) else None
-    self.noise = (features_lib.AdditiveNoise(cfg.noise_prob, tuple(cfg.noise_snr_db))
-                  if (train and cfg.noise_prob > 0) else None)
 
   @property
   def shapes(self) -> list[tuple[int, int, int]]:
@@ -463,10 +437,6 @@ class Batcher:
       if i < 0:
         continue
       fbank = data.fbank(i)
-      if self.vtlp is not None:     # on the log-mel energies, before normalisation
-        fbank = self.vtlp(fbank, np.random.default_rng([cfg.seed, epoch, int(i), VTLP_STREAM]))
-      if self.noise is not None:    # the channel's, after the speaker's warp
-        fbank = self.noise(fbank, np.random.default_rng([cfg.seed, epoch, int(i), NOISE_STREAM]))
       fbank = apply_cmvn(fbank, cfg.cmvn, data.gcmvn)
       if self.spec_augment is not None:
         fbank = self.spec_augment(fbank, np.random.default_rng([cfg.seed, epoch, int(i)]))

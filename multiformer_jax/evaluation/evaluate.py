@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep import cli_errors
+from data_prep.common import cli_errors
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.runtime.host_memory import set_up_host_allocator
@@ -90,7 +90,7 @@ def averaged_count(config, checkpoint: str) -> int:
   if checkpoint == "average":
     return config.eval.average_last
   if checkpoint == "around_best":
-    return config.eval.get("average_around_best", 7)
+    return config.eval.average_around_best
   return 1
 
 
@@ -106,11 +106,11 @@ def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
   (weight 0, or the stage not in eval.lm_stages). `weight` replaces eval.lm_weight. Refuses
   settings that are not valid, whatever the weight (training checks them before it starts)."""
   e = config.eval
-  weight = e.get("lm_weight", 0.0) if weight is None else weight
-  stages = setting_stages(e, "lm_stages", ("asr",))
+  weight = e.lm_weight if weight is None else weight
+  stages = setting_stages(e, "lm_stages")
   if weight < 0:
     raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
-  order, unigram = e.get("lm_order", 3), e.get("lm_unigram", "wordfreq")
+  order, unigram = e.lm_order, e.lm_unigram
   word_lm.check_settings(order, unigram)
   if not weight or stage not in stages:
     return None
@@ -168,8 +168,8 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   ctc_weight = joint_ctc_weight(model, e, ctc_weight)
   log.info("evaluating %s on %s (%d utterances) with %s, beam %d%s", stage, split, len(data),
            which, beam, f", joint CTC/attention (ctc_weight {ctc_weight})" if ctc_weight else "")
-  min_len = e.get("min_len", 1) if min_len is None else min_len
-  unk_penalty = e.get("unk_penalty", 0.0)
+  min_len = e.min_len if min_len is None else min_len
+  unk_penalty = e.unk_penalty
   lm = lm_settings(config, stage, lm_weight)
   pick = lm_rescorer(config, stage, lm, beam, length_penalty) if lm else None
   translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight,

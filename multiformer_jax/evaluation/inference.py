@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep.progress import progress_bar
+from data_prep.common.progress import progress_bar
 from multiformer_jax.evaluation import decode, rate_norm
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, PAD_ID, corpus_bleu, corpus_wer
@@ -101,9 +101,9 @@ def _rate_normalised(encode, features, lengths, target: float, max_stretch: floa
   return rate_norm.stretch_features(features, lengths, factors, out_frames)
 
 
-def setting_stages(eval_cfg, key: str, default: tuple) -> tuple:
+def setting_stages(eval_cfg, key: str) -> tuple:
   """eval.<key>, a stage or a sequence of stages, as a tuple; refuses a name not a stage."""
-  stages = eval_cfg.get(key, default)
+  stages = eval_cfg[key]
   stages = (stages,) if isinstance(stages, str) else tuple(stages)
   if not set(stages) <= set(ip.TASKS):
     raise ValueError(f"eval.{key}={stages!r}; valid: stages among {ip.TASKS}")
@@ -113,8 +113,8 @@ def setting_stages(eval_cfg, key: str, default: tuple) -> tuple:
 def no_repeat_ngram_size(eval_cfg, stage: str | None) -> int:
   """eval.no_repeat_ngram_size where `stage` is in eval.no_repeat_ngram_stages (or None), else
   0: a translation's pieces rarely repeat four in a row where a transcript's may."""
-  stages = setting_stages(eval_cfg, "no_repeat_ngram_stages", ("st",))
-  size = eval_cfg.get("no_repeat_ngram_size", 0)
+  stages = setting_stages(eval_cfg, "no_repeat_ngram_stages")
+  size = eval_cfg.no_repeat_ngram_size
   decode.check_no_repeat_ngram_size(size, f"eval.no_repeat_ngram_size={size}")
   return size if stage is None or stage in stages else 0
 
@@ -122,9 +122,9 @@ def no_repeat_ngram_size(eval_cfg, stage: str | None) -> int:
 def rate_norm_settings(eval_cfg, stage: str | None) -> dict:
   """make_translate's rate_norm_* arguments: eval.rate_norm_target and rate_norm_max_stretch
   where `stage` is in eval.rate_norm_stages (or None), else off (target 0)."""
-  stages = setting_stages(eval_cfg, "rate_norm_stages", ip.TASKS)
-  target = eval_cfg.get("rate_norm_target", 0.0)
-  max_stretch = eval_cfg.get("rate_norm_max_stretch", rate_norm.DEFAULT_MAX_STRETCH)
+  stages = setting_stages(eval_cfg, "rate_norm_stages")
+  target = eval_cfg.rate_norm_target
+  max_stretch = eval_cfg.rate_norm_max_stretch
   rate_norm.check_settings(target, max_stretch)
   if stage is not None and stage not in stages:
     target = 0.0
@@ -143,9 +143,9 @@ def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
       model, beam or eval_cfg.beam,
       eval_cfg.length_penalty if length_penalty is None else length_penalty,
       eval_cfg.max_len_a, eval_cfg.max_len_b,
-      eval_cfg.get("min_len", 1) if min_len is None else min_len,
-      eval_cfg.get("unk_penalty", 0.0), nbest=nbest,
-      ctc_weight=eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight,
+      eval_cfg.min_len if min_len is None else min_len,
+      eval_cfg.unk_penalty, nbest=nbest,
+      ctc_weight=eval_cfg.ctc_weight if ctc_weight is None else ctc_weight,
       no_repeat_ngram_size=no_repeat_ngram_size(eval_cfg, stage),
       **rate_norm_settings(eval_cfg, stage))
 
@@ -153,7 +153,7 @@ def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
 def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None) -> float:
   """The CTC weight a search with these settings uses: 0 for a model without a CTC head over
   its output vocabulary."""
-  weight = eval_cfg.get("ctc_weight", 0.0) if ctc_weight is None else ctc_weight
+  weight = eval_cfg.ctc_weight if ctc_weight is None else ctc_weight
   return weight if model.config.ctc_scores_output else 0.0
 
 

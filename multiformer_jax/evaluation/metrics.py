@@ -11,7 +11,8 @@ import unicodedata
 import jax
 import jax.numpy as jnp
 
-PAD_ID = 1
+from data_prep.common.token_ids import EOS_ID, PAD_ID
+
 CTC_BLANK_ID = 0    # fairseq's CTC blank: <s>, which no target contains
 
 
@@ -31,7 +32,7 @@ def label_smoothed_nll(logits, targets, epsilon: float, pad_id: int = PAD_ID):
 
 
 def ctc_loss_sum(logits, mask, targets, weights, blank_id: int = CTC_BLANK_ID,
-                 pad_id: int = PAD_ID, eos_id: int = 2):
+                 pad_id: int = PAD_ID, eos_id: int = EOS_ID):
   """Summed CTC loss of the target tokens (EOS and pad left out) given per-frame logits.
 
   logits [B, T, V] and mask [B, T] (True = valid frame) of the encoder output; targets [B, U]

@@ -26,7 +26,6 @@ import math
 
 import jax.numpy as jnp
 
-DEFAULT_MAX_STRETCH = 1.4     # eval.rate_norm_max_stretch where a saved config predates it
 
 
 def check_settings(target: float, max_stretch: float) -> None:

@@ -41,11 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep import cli_errors
+from data_prep.common import cli_errors
 from data_prep import features as features_lib
 from data_prep import vocab as vocab_lib
 from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
-from data_prep.progress import progress_bar
+from data_prep.common.progress import progress_bar
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import compile_clock
 from multiformer_jax.data import input_pipeline as ip

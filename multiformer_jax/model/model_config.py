@@ -14,6 +14,7 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
+from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.fused import IMPLEMENTATIONS
 from multiformer_jax.model.attention.kernel import REDRAW_POLICIES
@@ -83,10 +84,10 @@ class ModelConfig:
                                    # the ASR vocabulary)
   text_encoder_layers: int = 0     # > 0: full-attention layers stacked on the encoder, fed the
                                    # CTC head's distribution over source pieces (stacked.py)
-  bos_id: int = 0
-  pad_id: int = 1
-  eos_id: int = 2
-  unk_id: int = 3
+  bos_id: int = BOS_ID           # the vocabularies' specials (data_prep.common.token_ids)
+  pad_id: int = PAD_ID
+  eos_id: int = EOS_ID
+  unk_id: int = UNK_ID
 
   def __post_init__(self):
     # Normalise sequences (ConfigDicts hold lists) so the dataclass stays hashable.

@@ -227,10 +227,23 @@ def save_config(workdir: str, config):
 
 
 def load_config(workdir: str):
+  """The config run.py saved beside the checkpoints, over configs/default.py's: a key the run's
+  config.json lacks (a run from before the key existed) reads its default."""
   import ml_collections  # pylint: disable=import-outside-toplevel
+  from configs import default  # pylint: disable=import-outside-toplevel
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: evaluation reads the config saved by run.py "
                             f"beside the checkpoints; pass the run's --workdir")
   with open(path, encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+    saved = json.load(f)
+  return ml_collections.ConfigDict(_over(default.get_config().to_dict(), saved))
+
+
+def _over(defaults: dict, saved: dict) -> dict:
+  """`saved` with the keys it lacks taken from `defaults`, section by section."""
+  merged = dict(defaults)
+  for key, value in saved.items():
+    merged[key] = (_over(defaults[key], value) if isinstance(value, dict) and
+                   isinstance(defaults.get(key), dict) else value)
+  return merged

@@ -78,7 +78,7 @@ def use_compilation_cache(config):
   """Turns on the persistent compilation cache the config names (train.compilation_cache; ""
   = off): reruns, resumed runs and later commands on the same run load their compiled programs
   instead of compiling them again. Call it before anything compiles."""
-  cache = config.train.get("compilation_cache", "")
+  cache = config.train.compilation_cache
   if cache:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)

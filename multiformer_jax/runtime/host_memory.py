@@ -34,6 +34,8 @@ import os
 import subprocess
 import sys
 
+from data_prep.common import packages
+
 OPT_OUT_VARIABLE = "MULTIFORMER_HUGE_PAGES"   # "0": leave glibc's tunables alone
 TCMALLOC_OPT_OUT_VARIABLE = "MULTIFORMER_TCMALLOC"   # "0": do not preload tcmalloc
 TUNABLE = "glibc.malloc.hugetlb=1"
@@ -87,8 +89,7 @@ def huge_page_environment(environ, glibc: tuple[int, int] | None,
 def library_cache() -> str:
   """Where `fetch_tcmalloc` unpacks Debian's package: beside the embedded corpus's packages
   (~/.cache/multiformer_jax/libraries, under XDG_CACHE_HOME where that is set)."""
-  from data_prep import po_text  # pylint: disable=import-outside-toplevel
-  return os.path.join(os.path.dirname(po_text.default_wheel_cache()), "libraries")
+  return os.path.join(packages.cache_root(), "libraries")
 
 
 def cached_library_dirs(cache: str | None = None) -> tuple[str, ...]:
@@ -123,12 +124,11 @@ def fetch_tcmalloc(environ=os.environ, cache: str | None = None, log=None) -> st
   found = find_tcmalloc(directories)
   if found:
     return found
-  from data_prep import debian_packages  # pylint: disable=import-outside-toplevel
   try:
-    debian_packages.fetch(TCMALLOC_PACKAGE, cache)
+    packages.fetch(TCMALLOC_PACKAGE, cache)
     problem = (f"{TCMALLOC_PACKAGE} unpacked into {cache} holds none of "
                f"{', '.join(TCMALLOC_LIBRARIES)}")
-  except (debian_packages.PackageUnavailable, OSError, subprocess.SubprocessError) as error:
+  except (packages.PackageUnavailable, OSError, subprocess.SubprocessError) as error:
     problem = str(error)
   found = find_tcmalloc(directories)   # another process may have unpacked it meanwhile
   if found is None:

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from data_prep.progress import progress_bar
+from data_prep.common.progress import progress_bar
 
 
 def setup_logging(level=logging.INFO):

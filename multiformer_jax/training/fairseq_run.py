@@ -25,7 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from configs import default
-from data_prep import cli_errors, fairseq_data, vocab
+from data_prep import fairseq_data, vocab
+from data_prep.common import cli_errors
 from multiformer_jax.model import S2TModel
 from multiformer_jax.model.fairseq_import import (FairseqImportError, convert_state_dict,
                                                   load_fairseq_checkpoint,
@@ -33,7 +34,7 @@ from multiformer_jax.model.fairseq_import import (FairseqImportError, convert_st
 from multiformer_jax.model.model_config import ModelConfig
 from multiformer_jax.experiment import model_config_for
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.training import train
+from multiformer_jax.training import loop, optimizer, steps
 
 # fairseq's own MuST-C evaluation (examples/speech_to_text/docs/mustc_example.md): beam 5.
 FAIRSEQ_BEAM = 5
@@ -138,8 +139,8 @@ def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_p
     raise FairseqImportError(f"the run's config does not rebuild the checkpoint's model: "
                              f"{differ}")
   s2t = S2TModel(model)
-  tx, _ = train.make_optimizer(config.train, config[stage])
-  state = train.create_state(s2t, tx, jax.random.PRNGKey(0))
+  tx, _ = optimizer.make_optimizer(config.train, config[stage])
+  state = steps.create_state(s2t, tx, jax.random.PRNGKey(0))
   fresh = jax.tree_util.tree_structure(state.params)
   imported = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), params)
   if jax.tree_util.tree_structure(imported) != fresh:
@@ -154,14 +155,14 @@ def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_p
                                  "imported_from": os.path.abspath(checkpoint)})
   done = {"stage": stage, "updates": step, "imported_from": os.path.abspath(checkpoint),
           "best_step": step, "early_stopped": False}
-  with open(os.path.join(out, stage, train.DONE), "w", encoding="utf-8") as f:
+  with open(os.path.join(out, stage, loop.DONE), "w", encoding="utf-8") as f:
     json.dump(done, f, indent=1)
   return {"config": config, "step": step, "prepared_dir": prepared_dir,
           "vocab_size": dictionary.size}
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
   parser.add_argument("--checkpoint", required=True, help="fairseq .pt (or .npz state dict)")
   parser.add_argument("--data", required=True,
                       help="the fairseq data root (fbank80.zip, {split}_{stage}.tsv, yaml)")

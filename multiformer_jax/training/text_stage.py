@@ -1,4 +1,5 @@
-"""The text stage: an MT-pretrained decoder for the ST stage (`st.decoder_init="mt"`).
+"""The text stage: an MT-pretrained decoder (`st.decoder_init="mt"`) and stacked text encoder
+(`st.text_encoder="mt"`) for the ST stage.
 
 A text-to-text model (model/text_model.py: the source transcript's ASR pieces through a small
 full-attention encoder, then the ST model's decoder) learns the prepared corpus's
@@ -7,17 +8,10 @@ decoder (embeddings, layers, output projection) from the text model's instead of
 values, as ESPnet-ST and fairseq's speech-to-text recipes do with a pre-trained MT decoder. The
 targets are the ST stage's own (its vocabulary, language tag and length cap).
 
-With `st.targets="mt"` the ST stage trains on the text model's beam translations of the training
-transcripts instead of the references (sequence-level knowledge distillation, Kim & Rush 2016;
-for ST: Liu et al. 2019, Gaido et al. 2020): simpler, more consistent targets for a student that
-hears the source. Pairs whose transcript the text model saw cut, and empty translations, keep
-their reference.
-
 The stage writes {workdir}/mt/: params.msgpack (the parameters with the lowest dev
 perplexity), log.jsonl (its evaluations) and DONE.json (its summary, with the dev BLEU of those
-parameters: what the pairs teach a decoder of this size); with distillation also
-distilled_train.npz (row, id, target_text) and distilled.json (its summary). It is short and
-keeps no checkpoints: a run stopped during it starts it again.
+parameters: what the pairs teach a decoder of this size). It is short and keeps no
+checkpoints: a run stopped during it starts it again.
 """
 
 from __future__ import annotations
@@ -35,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from data_prep import index_io
-from data_prep.vocab import EOS_ID, PAD_ID
+from data_prep.common.token_ids import EOS_ID, PAD_ID
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.decode import beam_search
@@ -44,19 +37,18 @@ from multiformer_jax.evaluation.metrics import corpus_bleu, label_smoothed_nll
 from multiformer_jax.model.decoder import init_cache
 from multiformer_jax.model.stacked import text_layers_config
 from multiformer_jax.model.text_model import TextToText
+from multiformer_jax.training.optimizer import make_optimizer
 
 STAGE = "mt"
 PARAMS = "params.msgpack"
 DONE = "DONE.json"
-DISTILLED = "distilled_train.npz"
-DISTILLED_DONE = "distilled.json"
-TARGETS = ("references", STAGE)   # st.targets: the prepared translations, or the text model's
 DECODE_ROWS = 100            # sentences per beam-search batch (one compiled shape)
+MAX_PAIR_LENGTH = 128        # the widest pair arrays when mt.length is 0 (automatic)
 
 
 def starts_decoder(config) -> bool:
   """Whether the ST stage starts its decoder from the text stage's."""
-  return "st" in config.train.stages and config.st.get("decoder_init", "") == STAGE
+  return "st" in config.train.stages and config.st.decoder_init == STAGE
 
 
 def stacks_encoder(config) -> bool:
@@ -64,45 +56,32 @@ def stacks_encoder(config) -> bool:
   return "st" in config.train.stages and experiment.stacks_text_encoder(config)
 
 
-def distilling(config) -> bool:
-  """Whether the ST stage trains on the text stage's translations (st.targets="mt")."""
-  return "st" in config.train.stages and config.st.get("targets", TARGETS[0]) == STAGE
-
-
 def wanted(config) -> bool:
   """Whether the run trains a text stage: its ST stage starts the decoder or a stacked text
-  encoder from one, or learns its translations."""
-  return starts_decoder(config) or stacks_encoder(config) or distilling(config)
+  encoder from one."""
+  return starts_decoder(config) or stacks_encoder(config)
 
 
 def check_config(config, prepared: bool = False):
   """Refuses settings the text stage cannot honour, before anything trains (with `prepared`,
   also what the prepared data must have)."""
-  init = config.st.get("decoder_init", "")
+  init = config.st.decoder_init
   if init not in ("", STAGE):
     raise ValueError(f"st.decoder_init={init!r}; valid: '' (a fresh decoder) or 'mt' (the "
                      f"text stage's)")
-  targets = config.st.get("targets", TARGETS[0])
-  if targets not in TARGETS:
-    raise ValueError(f"st.targets={targets!r}; valid: 'references' (the prepared translations) "
-                     f"or 'mt' (the text stage's translations: sequence-level distillation)")
-  stacked = config.st.get("text_encoder", "")
+  stacked = config.st.text_encoder
   if stacked not in ("", STAGE):
     raise ValueError(f"st.text_encoder={stacked!r}; valid: '' (none) or 'mt' (the text "
                      f"stage's encoder stacked on the speech encoder)")
-  if stacked and not config.st.get("ctc_weight", 0.0) > 0:
+  if stacked and not config.st.ctc_weight > 0:
     raise ValueError("st.text_encoder='mt' reads the ST stage's CTC head over the source "
-                     f"pieces: set st.ctc_weight > 0 (it is {config.st.get('ctc_weight', 0.0)})")
+                     f"pieces: set st.ctc_weight > 0 (it is {config.st.ctc_weight})")
   if not wanted(config):
     return
-  setting = ("st.decoder_init='mt'" if starts_decoder(config) else
-             "st.text_encoder='mt'" if stacks_encoder(config) else "st.targets='mt'")
+  setting = "st.decoder_init='mt'" if starts_decoder(config) else "st.text_encoder='mt'"
   if config.mt.max_updates < 1 or config.mt.batch < 1:
     raise ValueError(f"{setting} trains a text stage: mt.max_updates="
                      f"{config.mt.max_updates} and mt.batch={config.mt.batch} must be >= 1")
-  if starts_decoder(config) and config.st.get("carry_decoder_layers", False):
-    raise ValueError("st.carry_decoder_layers and st.decoder_init='mt' both set the ST "
-                     "decoder's layers; choose one")
   tags = experiment.stack_task_tags(config.model)
   if any(tags.values()):
     raise ValueError(f"{setting} needs a model without task-keyed stacks (model "
@@ -205,8 +184,6 @@ class TextTrainer:
     self.model_cfg, self.vocab, self.beam = model_cfg, vocab, beam
     self.length_penalty = config.eval.length_penalty
     self.smoothing = config.train.label_smoothing
-    # train.py imports this module: its optimizer (the stages' schedules) is imported here.
-    from multiformer_jax.training.train import make_optimizer  # pylint: disable=import-outside-toplevel
     self.tx, _ = make_optimizer(config.train, mt_cfg)
     model, smoothing, tx = self.model, self.smoothing, self.tx
 
@@ -272,7 +249,7 @@ def train_text_model(trainer: TextTrainer, train: TextPairs, dev: TextPairs, mt_
   init_key, key = jax.random.split(key)
   params, opt_state = trainer.init(init_key, train)
   lengths = train.lengths
-  edges = bucket_edges(lengths, mt_cfg.get("num_buckets", 1), train.source.shape[1])
+  edges = bucket_edges(lengths, mt_cfg.num_buckets, train.source.shape[1])
   batches = training_batches(lengths, edges, mt_cfg.batch, np.random.default_rng(seed))
   log.info("mt: batches of %d pairs, widths %s", mt_cfg.batch, edges)
   best, evaluations, start = (float("inf"), None, 0), [], time.time()
@@ -307,7 +284,7 @@ def run_text_stage(config, workdir: str, log: logging.Logger) -> dict:
   start = time.time()
   train_data = split_data(config, config.data.train_split)
   dev_data = split_data(config, config.data.dev_split)
-  length = mt.length or pair_length(train_data, mt.max_length)
+  length = mt.length or pair_length(train_data, MAX_PAIR_LENGTH)
   train, dev = text_pairs(train_data, length), text_pairs(dev_data, length)
   trainer = make_trainer(config, train_data)
   log.info("stage mt: %d train / %d dev pairs of <= %d pieces a side (%d / %d cut), %d "
@@ -353,7 +330,8 @@ def make_trainer(config, data: ip.SplitData) -> TextTrainer:
                      config.mt, config.mt.beam)
 
 
-def _read_params(workdir: str):
+def read_params(workdir: str):
+  """The text stage's kept parameters in `workdir`."""
   path = os.path.join(workdir, STAGE, PARAMS)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} does not exist: the text stage did not finish (rerun the "
@@ -362,87 +340,7 @@ def _read_params(workdir: str):
     return flax.serialization.msgpack_restore(f.read())
 
 
-def distil_training_targets(config, workdir: str, log: logging.Logger) -> dict:
-  """Translates the training split's transcripts with the text stage's parameters (beam
-  mt.beam) into {workdir}/mt/distilled_train.npz, once -> the summary (distilled.json)."""
-  stage_dir = os.path.join(workdir, STAGE)
-  done_path = os.path.join(stage_dir, DISTILLED_DONE)
-  if os.path.exists(done_path):
-    with open(done_path, encoding="utf-8") as f:
-      return json.load(f)
-  with open(os.path.join(stage_dir, DONE), encoding="utf-8") as f:
-    length = json.load(f)["length"]              # the text model's source width
-  start = time.time()
-  data = split_data(config, config.data.train_split)
-  pairs = text_pairs(data, length)
-  translations = make_trainer(config, data).translations(_read_params(workdir), pairs)
-  source_cut = data.source_tokens.lengths > length - 1
-  empty = np.array([not t.strip() for t in translations])
-  keep_reference = source_cut | empty
-  targets = [r if keep else t
-             for t, r, keep in zip(translations, pairs.references, keep_reference)]
-  summary = {"pairs": len(pairs), "source_cut": int(source_cut.sum()), "empty": int(empty.sum()),
-             "beam": config.mt.beam,
-             "bleu_against_references": corpus_bleu(translations, pairs.references)["bleu"],
-             "wall_s": round(time.time() - start, 1)}
-  if jax.process_index() == 0:
-    index_io.save(os.path.join(stage_dir, DISTILLED), {
-        "row": data.rows, "id": list(map(str, data.ids)), "target_text": targets})
-    _atomic_write(done_path, json.dumps(summary, indent=1).encode())
-  log.info("stage mt: translated the %d training transcripts in %.0f s (BLEU against the "
-           "references %.2f); %d keep their reference (%d cut, %d empty)", len(pairs),
-           summary["wall_s"], summary["bleu_against_references"], int(keep_reference.sum()),
-           summary["source_cut"], summary["empty"])
-  return summary
-
-
-def with_distilled_targets(data: ip.SplitData, workdir: str, log: logging.Logger
-                           ) -> ip.SplitData:
-  """The training split with the text stage's translations as its targets."""
-  path = os.path.join(workdir, STAGE, DISTILLED)
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"st.targets='mt' but {path} does not exist: the text stage did "
-                            f"not finish (rerun the same command)")
-  columns = index_io.load(path)
-  # Keyed by the prepared split's row: an utterance id can recur across language pairs.
-  by_row = {int(r): (str(i), t) for r, i, t in
-            zip(columns["row"], columns["id"], columns["target_text"])}
-  missing = [str(i) for r, i in zip(data.rows, data.ids)
-             if by_row.get(int(r), ("",))[0] != str(i)]
-  if missing:
-    raise ValueError(f"{path} has no translation for {len(missing)} of the {len(data)} "
-                     f"training utterances (first: {missing[0]!r}): it was made from other "
-                     f"prepared data; delete {os.path.dirname(path)} to train the text stage "
-                     f"again")
-  log.info("ST targets: the text stage's translations (%s)", path)
-  return data.with_targets([by_row[int(r)][1] for r in data.rows])
-
-
 def _atomic_write(path: str, data: bytes):
   with open(path + ".tmp", "wb") as f:
     f.write(data)
   os.replace(path + ".tmp", path)
-
-
-def carry_from_text_stage(params, workdir: str, log: logging.Logger, decoder: bool = True,
-                          encoder: bool = False):
-  """ST init from the text stage's parameters: every decoder tensor (`decoder`), and with
-  `encoder` its source embeddings and encoder layers into the stacked text encoder (whose
-  projection of the speech encoder's output stays at its start, zero). Shapes must fit."""
-  from multiformer_jax.training.train import copy_tensors  # pylint: disable=import-outside-toplevel
-  path = os.path.join(workdir, STAGE, PARAMS)
-  text = _read_params(workdir)
-  source = {"decoder": text["decoder"]} if decoder else {}
-  if encoder:
-    source["text_encoder"] = {k: v for k, v in text.items() if k != "decoder"}
-  prefixes = tuple(f"{side}/" for side in source)
-  taken = lambda name: name.startswith(prefixes) and not name.startswith("text_encoder/acoustic/")
-  flat, restored, mismatched = copy_tensors(params, source, taken, ("text model", "ST"))
-  missing = [n for n in flat if taken(n) and n not in set(restored)]
-  if mismatched or missing:
-    raise ValueError("the text stage's model does not fit the ST model:\n  " +
-                     "\n  ".join(mismatched + [f"{n}: not in the text model" for n in missing]))
-  log.info("ST init: the %s's %d tensors from the text stage (%s)",
-           " and ".join(("decoder",) * decoder + ("stacked text encoder",) * encoder),
-           len(restored), path)
-  return flax.traverse_util.unflatten_dict(flat, sep="/")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from data_prep import debian_packages
+from data_prep.common import packages
 
 PACKAGE = "trans-de-en"
 DICTIONARY = os.path.join("usr", "share", "trans", "de-en")
@@ -27,7 +27,7 @@ _TYPOGRAPHY = str.maketrans({"’": "'", "‘": "'", "‚": "'", "´": "'", "`":
 _SPACE = re.compile(r"\s+")
 
 
-class DingUnavailable(debian_packages.PackageUnavailable):
+class DingUnavailable(packages.PackageUnavailable):
   """The dictionary could not be fetched here (no apt, or the download failed)."""
 
 
@@ -40,8 +40,8 @@ def fetch(cache_dir: str) -> str:
   """Path of the dictionary file, fetched into `cache_dir` with apt-get download + dpkg-deb -x
   if it is not there yet. Raises DingUnavailable saying what is missing."""
   try:
-    root = debian_packages.fetch(PACKAGE, cache_dir)
-  except debian_packages.PackageUnavailable as error:
+    root = packages.fetch(PACKAGE, cache_dir)
+  except packages.PackageUnavailable as error:
     raise DingUnavailable(f"{error}; the Ding dictionary comes from Debian's {PACKAGE} "
                           f"package") from error
   return os.path.join(root, DICTIONARY)

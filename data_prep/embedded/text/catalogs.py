@@ -1,7 +1,7 @@
 """Real human-translated sentence pairs from the message catalogs (.po) inside PyPI wheels.
 
-Django, Sphinx, Wagtail, django-allauth and django-cms ship their user-interface messages translated by people into
-de/es/fr/it/pt. The wheels are downloaded from the registry while building (pinned versions,
+Django, Sphinx, Wagtail, django-allauth and django-cms ship their user-interface messages
+translated by people into de/es/fr/it/pt. The wheels are downloaded from the registry while building (pinned versions,
 cached), never committed. Each package is one domain. Only whole messages that read like
 sentences are kept: no placeholders, markup or accelerators, 3 to 25 words.
 """
@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 import zipfile
+
+from data_prep.common import packages
 
 # Pinned so a seed gives the same corpus; the domain of an utterance is its package.
 PACKAGES = {"django": "5.2.19", "sphinx": "9.0.4", "wagtail": "8.0.1", "django-allauth": "65.21.1",
@@ -25,17 +27,18 @@ class TextSourceError(RuntimeError):
   pass
 
 
-def default_wheel_cache() -> str:
-  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(base, "multiformer_jax", "wheels")
+def wheel_cache(root: str = "") -> str:
+  """Where the wheels are kept: {root}/wheels, root the package cache (default
+  data_prep.common.packages.cache_root())."""
+  return os.path.join(root or packages.cache_root(), "wheels")
 
 
-def download_wheels(cache_dir: str, packages=None) -> dict[str, str]:
+def download_wheels(cache_dir: str, pinned=None) -> dict[str, str]:
   """{package: wheel path}, downloading pinned wheels with pip into `cache_dir` if missing."""
-  packages = packages or PACKAGES
+  pinned = pinned or PACKAGES
   os.makedirs(cache_dir, exist_ok=True)
   paths = {}
-  for name, version in packages.items():
+  for name, version in pinned.items():
     prefix = f"{name.replace('-', '_')}-{version}-".lower()   # wheel file naming
     found = [f for f in os.listdir(cache_dir) if f.lower().startswith(prefix) and
              f.endswith(".whl")]

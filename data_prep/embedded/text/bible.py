@@ -2,8 +2,8 @@
 
 Debian packages the SWORD modules: `sword-text-web` (World English Bible, with deuterocanon),
 `sword-text-kjv` (King James Version) and `sword-text-sparv` (Reina-Valera 1909). They are
-fetched when the corpus is built (`debian_packages`, no root), never committed, and read with
-`pysword`. A pair is an English verse and the Spanish verse of the same book, chapter and
+fetched when the corpus is built (`data_prep.common.packages`, no root), never committed, and
+read with `pysword`. A pair is an English verse and the Spanish verse of the same book, chapter and
 verse number, walked over the Spanish module's books (KJV versification, which the English
 modules share for these books but for a few verse boundaries).
 
@@ -22,7 +22,8 @@ import json
 import os
 import re
 
-from data_prep import debian_packages, ding
+from data_prep.common import packages
+from data_prep.embedded.text import ding
 
 ENGLISH = {"web": ("sword-text-web", "engWEB2015eb"), "kjv": ("sword-text-kjv", "engKJV2006eb")}
 SPANISH = ("sword-text-sparv", "spaRV1909eb")
@@ -43,7 +44,7 @@ _ACROSTIC_HEADING = re.compile(
     r"AYIN|PE|TZADHE|QOPH|RESH|SHIN|SIN|TAV|TAW) (?=[A-Z])")
 
 
-class BibleUnavailable(debian_packages.PackageUnavailable):
+class BibleUnavailable(packages.PackageUnavailable):
   """A Bible module could not be fetched or read here."""
 
 
@@ -80,11 +81,11 @@ def fetch_modules(english: str, cache_dir: str) -> str:
   cache_dir if not there yet); BibleUnavailable says what is missing."""
   if english not in ENGLISH:
     raise ValueError(f"English Bible {english!r}; valid: {sorted(ENGLISH)}")
-  packages = [ENGLISH[english][0], SPANISH[0]]
+  names = [ENGLISH[english][0], SPANISH[0]]
   try:
-    roots = debian_packages.fetch_all(packages, cache_dir)
-  except debian_packages.PackageUnavailable as error:
-    raise BibleUnavailable(f"{error}; the Bible text comes from Debian's {' and '.join(packages)}"
+    roots = packages.fetch_all(names, cache_dir)
+  except packages.PackageUnavailable as error:
+    raise BibleUnavailable(f"{error}; the Bible text comes from Debian's {' and '.join(names)}"
                            f" packages") from error
   # One SWORD data folder (mods.d + modules) holding both: links into each package's files.
   merged = os.path.join(cache_dir, f"sword-{english}-sparv")

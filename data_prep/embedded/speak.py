@@ -1,7 +1,7 @@
 """Recordings of a text file's lines by any synthesizer the embedded corpus uses: voices a model
 did or did not train on, for `python -m multiformer_jax.translate`.
 
-  python -m data_prep.speak --engine festival --voices ked_diphone --rate 140-200 \\
+  python -m data_prep.embedded.speak --engine festival --voices ked_diphone --rate 140-200 \\
       --out recordings/ked sentences.txt
 
 writes `recordings/ked/NNNN.wav` (16 kHz, mono, 16-bit) for line NNNN of the text (counted from
@@ -17,8 +17,9 @@ import os
 
 import numpy as np
 
-from data_prep import cli_errors, embedded_corpus, synthesizers
-from data_prep.espeak import Voice
+from data_prep.common import cli_errors
+from data_prep.embedded.voices import (ENGINE_VOICES, ENGINES, Voice, cache_dir as voices_cache,
+                                       speak, voice_names, write_wav)
 
 
 def parse_rate(text: str) -> tuple[int, int]:
@@ -36,13 +37,13 @@ def parse_rate(text: str) -> tuple[int, int]:
 def check_voices(engine: str, voices: list[str]):
   """A ValueError naming the valid voices of `engine` (espeak-ng's variants are checked when
   spoken)."""
-  if engine not in embedded_corpus.ENGINES:
-    raise ValueError(f"--engine {engine!r}; valid: {', '.join(embedded_corpus.ENGINES)}")
+  if engine not in ENGINES:
+    raise ValueError(f"--engine {engine!r}; valid: {', '.join(ENGINES)}")
   if not voices or not all(voices):
     raise ValueError("--voices is empty; give one or more, separated by commas")
   if engine == "espeak":
     return
-  valid = synthesizers.voice_names(embedded_corpus.ENGINE_VOICES[engine])
+  valid = voice_names(ENGINE_VOICES[engine])
   for voice in voices:
     if voice not in valid:
       raise ValueError(f"{engine} voice {voice!r}; valid: {', '.join(valid)}")
@@ -53,7 +54,7 @@ def speak_lines(lines: list[str], out_dir: str, engine: str, voices: list[str],
                 cache_dir: str = "", log=print) -> dict:
   """Writes out_dir/NNNN.wav for each non-blank line; -> {"written": n, "blank": n}."""
   check_voices(engine, voices)
-  cache_dir = cache_dir or embedded_corpus.synthesizer_cache(embedded_corpus.CorpusSpec())
+  cache_dir = cache_dir or voices_cache()
   rng = np.random.default_rng(seed)
   os.makedirs(out_dir, exist_ok=True)
   counts = {"written": 0, "blank": 0}
@@ -63,8 +64,7 @@ def speak_lines(lines: list[str], out_dir: str, engine: str, voices: list[str],
       continue
     voice = Voice(language, voices[number % len(voices)],
                   int(rng.integers(rate[0], rate[1] + 1)), pitch, engine)
-    embedded_corpus.write_wav(os.path.join(out_dir, f"{number:04d}.wav"),
-                              embedded_corpus.speak(line.strip(), voice, cache_dir))
+    write_wav(os.path.join(out_dir, f"{number:04d}.wav"), speak(line.strip(), voice, cache_dir))
     counts["written"] += 1
   log(f"{counts['written']} recordings in {out_dir} ({engine}: {', '.join(voices)}); "
       f"{counts['blank']} blank lines skipped")
@@ -76,7 +76,7 @@ def main(argv=None):
   parser.add_argument("text", help="a UTF-8 text file, one utterance a line")
   parser.add_argument("--out", required=True, help="folder for NNNN.wav")
   parser.add_argument("--engine", default="espeak",
-                      help=f"one of {', '.join(embedded_corpus.ENGINES)}")
+                      help=f"one of {', '.join(ENGINES)}")
   parser.add_argument("--voices", required=True,
                       help="comma-separated, taken in turn: espeak-ng variants (m3, f2, ...), "
                            "flite's kal16/awb/rms/slt, festival's kal_diphone/ked_diphone, "

@@ -1,9 +1,12 @@
-"""Debian packages unpacked into a cache, without root: `apt-get download` + `dpkg-deb -x`.
+"""The package cache and Debian packages unpacked into it, without root: `apt-get download` +
+`dpkg-deb -x`.
 
-The embedded corpus's text (Ding, the Bible) and its extra synthesizers (flite, festival,
-MBROLA) are GPL, public-domain or non-free data fetched when the corpus is built, never
-committed. Each package is unpacked once into `{cache}/{package}` (atomically: a folder is there
-only when complete).
+One cache root, `cache_root()` (~/.cache/multiformer_jax, under XDG_CACHE_HOME where that is
+set), holds everything fetched at run time: the embedded corpus's text (the message catalogs'
+wheels under wheels/, the Ding dictionary and the Bible), its synthesizers (synthesizers/) and
+run.py's tcmalloc (libraries/). They are GPL, public-domain or non-free data fetched when
+needed, never committed. Each Debian package is unpacked once into `{cache}/{package}`
+(atomically: a folder is there only when complete).
 
 A package the machine's apt sources do not offer (MBROLA's voices are in Debian's non-free
 section, Ubuntu's multiverse; most machines list main only) is looked up again in a private apt
@@ -23,6 +26,12 @@ import tempfile
 
 WIDER_COMPONENTS = ("main", "contrib", "non-free", "universe", "multiverse")
 SOURCES = ("/etc/apt/sources.list", "/etc/apt/sources.list.d")
+
+
+def cache_root() -> str:
+  """~/.cache/multiformer_jax, or $XDG_CACHE_HOME/multiformer_jax where that is set."""
+  base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(base, "multiformer_jax")
 
 
 class PackageUnavailable(RuntimeError):

@@ -14,11 +14,12 @@ same samples for the same text in any order and any process.
 """
 
 import ctypes
-import dataclasses
 import os
 import tempfile
 
 import numpy as np
+
+from data_prep.embedded.voices.common import Voice
 
 AUDIO_OUTPUT_SYNCHRONOUS = 2
 POS_CHARACTER = 1
@@ -29,28 +30,6 @@ STEADY_SETTINGS = "\nflutter 0\nroughness 0\n"   # appended: later lines overrid
 SEED = 0
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
                              ctypes.c_void_p)
-
-
-@dataclasses.dataclass(frozen=True)
-class Voice:
-  """A synthetic speaker: voice + variant, words per minute, pitch (0-99), and the synthesizer
-  (`engine`): espeak-ng here, flite, festival or mbrola in data_prep/synthesizers.py, whose
-  variants are their voices (e.g. flite's "slt")."""
-  language: str     # espeak voice name, e.g. "en-us", "de"
-  variant: str      # e.g. "m3", "f2"; flite: kal16, awb, rms, slt; festival: kal_diphone;
-                    # mbrola: us1, us2, us3, en1
-  rate: int
-  pitch: int
-  engine: str = "espeak"
-
-  @property
-  def name(self):
-    return f"{self.language}+{self.variant}"
-
-  @property
-  def speaker_id(self):
-    prefix = self.language if self.engine == "espeak" else f"{self.engine}-{self.language}"
-    return f"{prefix}_{self.variant}_r{self.rate}_p{self.pitch}"
 
 
 def _variants_dir(data_dir: str) -> str:

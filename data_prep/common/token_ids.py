@@ -1,0 +1,4 @@
+"""The special token ids of every vocabulary (fairseq's dictionary order): the SentencePiece
+models, the prepared targets, the model and the searches all use these."""
+
+BOS_ID, PAD_ID, EOS_ID, UNK_ID = 0, 1, 2, 3

@@ -1,0 +1,220 @@
+"""Builds the embedded speech-translation corpus: real translated sentences, synthetic speakers.
+
+The text comes from `text/` (message catalogs of PyPI wheels, the Ding dictionary's example
+sentences, Bible verses), the speakers from `voices/` (espeak-ng, flite, festival, MBROLA,
+RHVoice), who speaks what from `plan.py`, every setting from `spec.CorpusSpec`. Written in the
+exact MuST-C on-disk layout, so the MuST-C reader serves it unchanged:
+
+    {out}/{src}-{tgt}/data/{split}/wav/{talk}.wav          16 kHz mono 16-bit
+    {out}/{src}-{tgt}/data/{split}/txt/{split}.yaml        - {duration, offset, speaker_id,
+                                                              wav, domain, lang}
+    {out}/{src}-{tgt}/data/{split}/txt/{split}.{src|tgt}   one segment per line
+
+Splits are MuST-C's: train, dev, tst-COMMON (and tst-unseen-synth with an unseen
+synthesizer). English->German is the default; `--sources de,es,fr,it,pt --target en` builds
+several languages -> English (mTEDx-style directions). Deterministic for a seed; resumable
+(finished talks are kept) and atomic (a direction is marked complete only when every file is in
+place).
+
+    python -m data_prep.embedded --out data/embedded            # en-de, ~1 minute
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import multiprocessing
+import os
+
+import numpy as np
+
+from data_prep.common import cli_errors
+from data_prep.common.progress import progress_bar
+from data_prep.embedded import text, voices
+from data_prep.embedded.plan import plan_direction, split_variants, unseen_voices
+from data_prep.embedded.spec import (UNSEEN_SYNTH_SPLIT, CorpusSpec, add_arguments,
+                                     specs_from_arguments)
+
+SAMPLE_RATE = voices.SAMPLE_RATE
+COMPLETE = ".complete.json"
+
+
+def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
+  """`spec` without the synthesizers that cannot be had here (fetched and run once to know),
+  each named in a warning: training then hears espeak-ng alone, and without the unseen
+  synthesizer there is no UNSEEN_SYNTH_SPLIT."""
+  engines = [e for e in spec.synthesizers if e != "espeak"]
+  unseen = [spec.unseen_synthesizer] if spec.unseen_synthesizer else []
+  missing = []
+  for engine in engines + unseen:
+    problem = _engine_problem(engine, voices.cache_dir(spec.package_cache()))
+    if problem:
+      log(f"WARNING: the embedded corpus is built without {engine} ({problem}); "
+          + ("training hears espeak-ng alone" if engine in engines else
+             f"there is no {UNSEEN_SYNTH_SPLIT} split"))
+      missing.append(engine)
+  if not missing:
+    return spec
+  synthesizers_left = tuple(e for e in spec.synthesizers if e not in missing)
+  return dataclasses.replace(
+      spec, synthesizers=synthesizers_left,
+      other_synthesizer_share=spec.other_synthesizer_share if len(synthesizers_left) > 1 else 0.0,
+      unseen_synthesizer="" if spec.unseen_synthesizer in missing else spec.unseen_synthesizer)
+
+
+@functools.lru_cache(maxsize=None)
+def _engine_problem(engine: str, cache_dir: str) -> str:
+  """Why `engine` cannot synthesise here ("" if it can): fetched and run once per process, so
+  building, checking a build and preparing ask it once."""
+  name = voices.voice_names(voices.ENGINE_VOICES[engine])[0]
+  try:
+    voices.engine(engine, cache_dir).synthesize(
+        "Hello.", voices.Voice("en-us", name, 175, 50, engine))
+  except voices.SynthesizerUnavailable as error:
+    return str(error)
+  return ""
+
+
+def _synthesize_talk(job):
+  """Worker: synthesises one talk wav; returns its segment entries (offsets in seconds)."""
+  path, segments, seed, cache_dir = job
+  rng = np.random.default_rng(seed)
+  pieces, entries, cursor = [], [], 0
+  for segment in segments:
+    gap = np.zeros(int(SAMPLE_RATE * rng.uniform(0.3, 0.9)), np.float32)
+    speech = voices.speak(segment.source, segment.voice, cache_dir)
+    pieces += [gap, speech]
+    cursor += len(gap)
+    entries.append({"offset": round(cursor / SAMPLE_RATE, 4),
+                    "duration": round(len(speech) / SAMPLE_RATE, 4)})
+    cursor += len(speech)
+  pieces.append(np.zeros(int(SAMPLE_RATE * 0.5), np.float32))
+  if not os.path.exists(path):
+    voices.write_wav(path, np.concatenate(pieces))
+  return entries
+
+
+def _yaml_line(entry: dict) -> str:
+  return ("- {duration: %s, offset: %s, speaker_id: %s, wav: %s, domain: %s, lang: %s}\n" %
+          (entry["duration"], entry["offset"], entry["speaker_id"], entry["wav"],
+           entry["domain"], entry["lang"]))
+
+
+def _atomic_text(path: str, content: str):
+  with open(path + ".tmp", "w", encoding="utf-8") as f:
+    f.write(content)
+  os.replace(path + ".tmp", path)
+
+
+def _spec_json(spec: CorpusSpec) -> str:
+  """What a build's marker records: every setting but the cache's place, the voices of each
+  split and, with an unseen synthesizer, the voices that speak it."""
+  fields = {k: list(v) if isinstance(v, tuple) else v
+            for k, v in dataclasses.asdict(spec).items() if k != "cache_root"}
+  fields["voices"] = split_variants(spec.seed)
+  if spec.unseen_synthesizer:
+    fields["unseen_voices"] = list(unseen_voices(spec))
+  return json.dumps(fields, sort_keys=True)
+
+
+def direction_dir(out: str, source: str, target: str) -> str:
+  """{out}/{src}-{tgt}: where `build` writes one direction (MuST-C's layout)."""
+  return os.path.join(out, f"{source}-{target}")
+
+
+def is_built(root: str, spec: CorpusSpec) -> bool:
+  """Whether the direction directory `root` holds a complete build of `spec` (False when it is
+  not complete); a complete build of another spec or speaker set raises FileExistsError."""
+  marker = os.path.join(root, COMPLETE)
+  if not os.path.exists(marker):
+    return False
+  if spec.synthesizers != ("espeak",) or spec.unseen_synthesizer:
+    spec = effective_spec(spec, log=lambda message: None)
+  with open(marker, encoding="utf-8") as f:
+    if json.load(f).get("spec") == _spec_json(spec):
+      return True
+  raise FileExistsError(f"{root} was built with a different spec or speaker set; remove it "
+                        f"(and any corpus prepared from it) or build into another directory "
+                        f"(--out here, data.root in a config)")
+
+
+def _synthesize_direction(root: str, spec: CorpusSpec, source: str, plan: dict, workers: int,
+                          progress: bool) -> dict[str, list[dict]]:
+  """Writes every talk's wav of `plan` under `root` -> {split: [segment entries]}."""
+  cache_dir = voices.cache_dir(spec.package_cache())
+  jobs, meta = [], []
+  for split, talks in plan.items():
+    os.makedirs(os.path.join(root, "data", split, "wav"), exist_ok=True)
+    os.makedirs(os.path.join(root, "data", split, "txt"), exist_ok=True)
+    for t, segments in enumerate(talks):
+      talk = f"{split.replace('-', '_')}_{t:04d}"
+      path = os.path.join(root, "data", split, "wav", f"{talk}.wav")
+      jobs.append((path, segments, spec.seed * 100003 + len(jobs), cache_dir))
+      meta.append((split, talk, segments))
+  entries_by_split = {s: [] for s in spec.splits()}
+  with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    results = pool.imap(_synthesize_talk, jobs, chunksize=1)
+    bar = progress_bar(results, total=len(jobs), desc=f"synthesising {source}-{spec.target}",
+                       unit="talk", disable=not progress)
+    for (split, talk, segments), timings in zip(meta, bar):
+      for segment, timing in zip(segments, timings):
+        entries_by_split[split].append(dict(
+            timing, speaker_id=segment.voice.speaker_id, wav=f"{talk}.wav",
+            domain=segment.domain, lang=source, source=segment.source,
+            target=segment.target))
+    # Workers that exit on their own remove their espeak-ng data overlay; leaving the block
+    # without this terminates them and leaks one temporary directory each.
+    pool.close()
+    pool.join()
+  return entries_by_split
+
+
+def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
+          progress: bool = True) -> list[str]:
+  """Builds every direction of `spec` under `out`; returns the direction directories.
+  Synthesizers that cannot be had here are left out with a warning (`effective_spec`)."""
+  wheels = text.catalog_wheels(spec)
+  spec = effective_spec(spec)
+  done_dirs = []
+  for source, target in spec.directions():
+    root = direction_dir(out, source, target)
+    if is_built(root, spec):
+      done_dirs.append(root)
+      continue
+    pairs = text.direction_pairs(spec, source, target, wheels,
+                                 text.ding_pairs(spec, source, target) +
+                                 text.bible_pairs(spec, source, target))
+    plan = plan_direction(spec, source, target, pairs)
+    entries_by_split = _synthesize_direction(root, spec, source, plan, workers, progress)
+    for split, entries in entries_by_split.items():
+      txt = os.path.join(root, "data", split, "txt")
+      for language, side in ((source, "source"), (target, "target")):
+        _atomic_text(os.path.join(txt, f"{split}.{language}"),
+                     "".join(e[side] + "\n" for e in entries))
+      _atomic_text(os.path.join(txt, f"{split}.yaml"), "".join(map(_yaml_line, entries)))
+    counts = {s: len(e) for s, e in entries_by_split.items()}
+    _atomic_text(os.path.join(root, COMPLETE),
+                 json.dumps({"spec": _spec_json(spec), "segments": counts}))
+    done_dirs.append(root)
+  return done_dirs
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--out", required=True, help="the corpus folder (data.root in a config)")
+  parser.add_argument("--workers", type=int, default=2, help="synthesising processes")
+  add_arguments(parser)
+  args = parser.parse_args(argv)
+  try:
+    specs = specs_from_arguments(args)
+  except ValueError as error:
+    parser.error(str(error))
+  for spec in specs:
+    for root in build(args.out, spec, args.workers):
+      print(f"built {root}")
+
+
+# The command line and console script: user errors -> their message and exit status 2.
+cli = cli_errors.command_line_entry(main)

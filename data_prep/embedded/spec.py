@@ -1,0 +1,145 @@
+"""The embedded corpus's settings, defined once: `CorpusSpec`.
+
+Each field is one setting with its default and its help. The rest is derived from it: the config
+keys `data.embedded.<field>` (`config_defaults`, read back by `specs_from_settings`; a few
+build-only fields are flags alone) and the command line's `--<field>` flags (`add_arguments`,
+read back the same way). A tuple field is
+written comma-separated in both; `target` may name several languages there, one build each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Any, Mapping
+
+from data_prep.common import packages
+from data_prep.embedded import voices
+from data_prep.embedded.text import TEXT_SOURCES, bible
+
+SPLITS = ("train", "dev", "tst-COMMON")
+# tst-COMMON's sentences spoken by a synthesizer family that no training or dev utterance uses.
+UNSEEN_SYNTH_SPLIT = "tst-unseen-synth"
+# espeak-ng's voice for each language the corpus speaks.
+ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
+
+
+def _setting(default, help_text: str, config_key: bool = True):
+  """A field: its default, its help and whether it is a config key too (else a flag alone)."""
+  return dataclasses.field(default=default, metadata={"help": help_text,
+                                                      "config_key": config_key})
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSpec:
+  """What one build of the embedded corpus is: every field a setting (see the module)."""
+  sources: tuple[str, ...] = _setting(
+      ("en",), f"source language(s): any of {', '.join(ESPEAK_VOICE)}")
+  target: str = _setting("de", "target language (the config key and --target take several, "
+                               "comma-separated: one build each)")
+  seed: int = _setting(1, "the plan's seed: sentences, splits, speakers")
+  heldout_fraction: float = _setting(0.08, "share of the sentences for dev, and again for test",
+                                     config_key=False)
+  train_speakers_per_sentence: int = _setting(2, "times each training sentence is spoken")
+  segments_per_talk: int = _setting(20, "segments per talk (one wav file)", config_key=False)
+  max_sentences: int = _setting(0, "sentences per direction; 0 = all", config_key=False)
+  max_heldout: int = _setting(0, "cap on dev and on test sentences; 0 = heldout_fraction's")
+  text: tuple[str, ...] = _setting(
+      ("catalogs",), f"text sources: any of {', '.join(TEXT_SOURCES)} (catalogs: message "
+                     f"catalogs of PyPI wheels, every language; ding: ~15k German-English "
+                     f"example sentences; bible: English-Spanish verses)")
+  bible_english: str = _setting("web", "text bible's English: web (World English Bible) | kjv")
+  bible_max_words: int = _setting(20, "text bible: the longest English verse kept, in words")
+  synthesizers: tuple[str, ...] = _setting(
+      ("espeak",), f"the training voices' synthesizers: espeak plus any of "
+                   f"{', '.join(voices.ENGINES[1:])}")
+  unseen_synthesizer: str = _setting(
+      "", f"build {UNSEEN_SYNTH_SPLIT}: tst-COMMON's sentences spoken by this synthesizer, one "
+          f"of {', '.join(voices.ENGINES[1:])} that training does not use ('' = no such split)")
+  other_synthesizer_share: float = _setting(
+      0.0, "share of the training utterances spoken by the synthesizers besides espeak (0: "
+           "as their share of the training voices)")
+  cache_root: str = _setting(
+      "", "where fetched packages are kept ('' = data_prep.common.packages.cache_root())",
+      config_key=False)
+
+  def __post_init__(self):
+    if not self.text or set(self.text) - set(TEXT_SOURCES):
+      raise ValueError(f"embedded corpus text sources {','.join(self.text)!r}; valid: "
+                       f"comma-separated {', '.join(TEXT_SOURCES)}")
+    unknown = [l for l in self.sources + (self.target,) if l not in ESPEAK_VOICE]
+    if unknown:
+      raise ValueError(f"embedded corpus language(s) {unknown}; valid: {sorted(ESPEAK_VOICE)}")
+    if self.train_speakers_per_sentence < 1:
+      raise ValueError(f"speakers per training sentence {self.train_speakers_per_sentence}; "
+                       f"valid: 1 or more")
+    if "espeak" not in self.synthesizers or set(self.synthesizers) - set(voices.ENGINES):
+      raise ValueError(f"embedded corpus synthesizers {','.join(self.synthesizers)!r}; valid: "
+                       f"espeak plus any of {', '.join(voices.ENGINES[1:])}, comma-separated")
+    if self.unseen_synthesizer and (self.unseen_synthesizer not in voices.ENGINES[1:] or
+                                    self.unseen_synthesizer in self.synthesizers):
+      raise ValueError(f"embedded corpus unseen synthesizer {self.unseen_synthesizer!r}; valid: "
+                       f"one of {', '.join(voices.ENGINES[1:])} that training does not use "
+                       f"({', '.join(self.synthesizers)})")
+    if not 0.0 <= self.other_synthesizer_share < 1.0 or (
+        self.other_synthesizer_share and self.synthesizers == ("espeak",)):
+      raise ValueError(f"embedded corpus other_synthesizer_share {self.other_synthesizer_share}"
+                       f"; valid: 0 (proportional to the voices) or a share in (0, 1) with a "
+                       f"synthesizer besides espeak among the synthesizers "
+                       f"({', '.join(self.synthesizers)})")
+    if self.bible_english not in bible.ENGLISH:
+      raise ValueError(f"embedded corpus bible_english {self.bible_english!r}; valid: "
+                       f"{', '.join(sorted(bible.ENGLISH))}")
+
+  def package_cache(self) -> str:
+    """The cache root of the packages this build fetches."""
+    return self.cache_root or packages.cache_root()
+
+  def splits(self) -> tuple[str, ...]:
+    return SPLITS + ((UNSEEN_SYNTH_SPLIT,) if self.unseen_synthesizer else ())
+
+  def directions(self):
+    return [(s, self.target) for s in self.sources if s != self.target]
+
+
+FIELDS = {field.name: field for field in dataclasses.fields(CorpusSpec)}
+
+
+def _written(value):
+  """A field's value as a config key or flag holds it: tuples comma-separated."""
+  return ",".join(value) if isinstance(value, tuple) else value
+
+
+def config_defaults() -> dict[str, Any]:
+  """{field: default} for the config keys data.embedded.<field> (configs/default.py)."""
+  return {name: _written(field.default) for name, field in FIELDS.items()
+          if field.metadata["config_key"]}
+
+
+def specs_from_settings(settings: Mapping[str, Any]) -> list[CorpusSpec]:
+  """The builds that config keys or parsed flags ({field: value as written}) ask for: one per
+  target language. An unknown key is named with the valid ones."""
+  unknown = sorted(set(settings) - set(FIELDS))
+  if unknown:
+    raise ValueError(f"embedded corpus settings {unknown} do not exist; valid: "
+                     f"{', '.join(FIELDS)}")
+  values = {}
+  for name, value in settings.items():
+    if isinstance(FIELDS[name].default, tuple):
+      value = tuple(v.strip() for v in str(value).split(",") if v.strip())
+    values[name] = value
+  targets = [t.strip() for t in str(values.pop("target", FIELDS["target"].default)).split(",")]
+  return [CorpusSpec(**values, target=target) for target in targets if target]
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+  """A --<field> flag for every setting, with its default and help."""
+  for name, field in FIELDS.items():
+    default = _written(field.default)
+    parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=type(default),
+                        default=default, help=f"{field.metadata['help']} (default {default!r})")
+
+
+def specs_from_arguments(args: argparse.Namespace) -> list[CorpusSpec]:
+  """The builds that add_arguments' parsed flags ask for."""
+  return specs_from_settings({name: getattr(args, name) for name in FIELDS})

@@ -1,0 +1,197 @@
+"""The compiled steps of a stage: the training state, the update (gradient accumulation,
+skipped non-finite updates, hybrid CTC/attention and head-selection losses) and the dev loss."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Callable
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from data_prep.common.token_ids import PAD_ID
+from multiformer_jax.data import input_pipeline as ip
+from multiformer_jax.evaluation import inference
+from multiformer_jax.evaluation.metrics import ctc_loss_sum, label_smoothed_nll
+from multiformer_jax.model import S2TModel, head_selection, init_params
+from multiformer_jax.training.optimizer import as_constants
+from multiformer_jax.training.parallel import DataParallel
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jnp.ndarray          # updates applied (or skipped as non-finite)
+  micro_step: jnp.ndarray    # micro-batches seen: the dropout key is fold_in(rng, micro_step)
+  params: Any
+  opt_state: Any
+  grad_acc: Any              # gradient sums since the last update (zero between updates)
+  acc_tokens: jnp.ndarray    # target tokens since the last update
+  rng: jnp.ndarray
+  nonfinite: jnp.ndarray     # consecutive skipped updates
+
+
+def create_state(model: S2TModel, tx, key) -> TrainState:
+  init_key, rng = jax.random.split(key)
+  params = init_params(model, init_key)
+  return TrainState(step=jnp.array(0, jnp.int32), micro_step=jnp.array(0, jnp.int32),
+                    params=params, opt_state=tx.init(params),
+                    grad_acc=jax.tree_util.tree_map(jnp.zeros_like, params),
+                    acc_tokens=jnp.array(0.0, jnp.float32), rng=rng,
+                    nonfinite=jnp.array(0, jnp.int32))
+
+
+def selection_temperature(train_cfg, initial: float, step):
+  """Gumbel-sigmoid temperature after `step` updates: max(min, initial * exp(-decay * step));
+  decay 0 (the reference) keeps it constant."""
+  decay = train_cfg.selection_temperature_decay
+  if not decay:
+    return jnp.asarray(initial, jnp.float32)
+  return jnp.maximum(train_cfg.selection_temperature_min,
+                     initial * jnp.exp(-decay * jnp.asarray(step, jnp.float32)))
+
+
+def make_loss_sums(model: S2TModel, label_smoothing: float, train_cfg=None,
+                   ctc_weight: float = 0.0):
+  """-> loss_sums(params, batch, deterministic, key=None, step=None) -> (loss, aux sums).
+
+  Head-selection models add the KL term of their Gumbel-sigmoid samples, weighted by each
+  task's target tokens (train.kl_weight; 0 in the published recipes, then it is only logged).
+
+  With ctc_weight > 0 (a model with a CTC head) the loss is ESPnet's hybrid CTC/attention one,
+  (1 - w) * label-smoothed CE + w * CTC, both summed over the batch and divided, like the CE,
+  by the target tokens of the update. The CTC spells the batch's `ctc_targets` where it has
+  them (an ST stage's source transcripts), else its targets.
+  """
+  cfg = model.config
+  if ctc_weight and not cfg.ctc_head:
+    raise ValueError(f"ctc_weight {ctc_weight} needs a model with a CTC head (ctc_head=True)")
+  selecting = bool(cfg.encoder_candidates or cfg.decoder_candidates)
+
+  def loss_sums(params, batch, deterministic, key=None, step=None):
+    rngs = {"dropout": key} if key is not None else {}
+    tasks = inference.batch_tasks(batch)
+    temperature = None if step is None or train_cfg is None else selection_temperature(
+        train_cfg, cfg.selection_temperature, step)
+    logits, sown = model.apply({"params": params}, batch["features"], batch["lengths"],
+                               batch["prev_tokens"], deterministic, tasks, temperature,
+                               rngs=rngs, mutable=["selection", "ctc"])
+    targets = jnp.where(batch["weights"][:, None] > 0, batch["targets"], PAD_ID)
+    loss, nll, tokens = label_smoothed_nll(logits, targets, label_smoothing)
+    aux = {"nll": nll, "tokens": tokens}
+    if ctc_weight:
+      ctc_logits, ctc_mask = sown["ctc"]["logits"][0]
+      # ASR: the transcript the decoder writes; ST: the source transcript (ctc_targets).
+      ctc_targets = batch.get("ctc_targets", targets)
+      ctc, _ = ctc_loss_sum(ctc_logits, ctc_mask, ctc_targets, batch["weights"], cfg.bos_id,
+                            cfg.pad_id, cfg.eos_id)
+      loss = (1.0 - ctc_weight) * loss + ctc_weight * ctc
+      aux["ctc"] = ctc
+    if selecting and not deterministic:
+      per_example = jnp.sum(targets != PAD_ID, axis=1).astype(jnp.float32)
+      kl = 0.0
+      for side, (stack, candidates, heads) in enumerate(
+          (("encoder", cfg.encoder_candidates, cfg.encoder_heads),
+           ("decoder", cfg.decoder_candidates, cfg.decoder_heads))):
+        if candidates:
+          task_ids = None if tasks is None else tasks[side]
+          if task_ids is None:
+            task_ids = jnp.zeros(batch["weights"].shape, jnp.int32)
+          task_tokens = jnp.zeros(cfg.stack_num_tasks(stack)).at[jnp.clip(task_ids, 0)].add(
+              per_example)
+          samples = sown["selection"][stack]["head_selector"]["samples"][0]
+          kl = kl + head_selection.selection_kl(samples, task_tokens, heads / candidates)
+      aux["kl"] = kl
+      loss = loss + (train_cfg.kl_weight if train_cfg is not None else 0.0) * kl
+    return loss, aux
+
+  return loss_sums
+
+
+def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
+               train_cfg=None, ctc_weight: float = 0.0,
+               trained: Callable[[str], bool] | None = None):
+  """-> (train_step(state, batch, apply_update, first_micro), eval_step(state, batch)), compiled;
+  the loss is make_loss_sums'.
+
+  train_step's two static flags give the micro-batch's place in an update of `update_freq`
+  micro-batches: `first_micro` (it starts the update) and `apply_update` (it ends it; with
+  update_freq = 1 both are True). The first micro-batch's gradients become the sums without
+  reading `grad_acc`, which is zero between updates; an update that started with it leaves
+  `grad_acc` untouched (still zero). The results are those of always adding into `grad_acc`
+  and zeroing it after the update; the parameter-sized accumulator is just not read and
+  rewritten when there is nothing in it.
+
+  A non-finite loss or gradient norm skips the update (parameters and optimizer state kept)
+  through `lax.cond`, not a select per leaf: with the select XLA recomputes Adam's new moments
+  inside the parameters' update and so reads the old moments twice, which costs a copy of
+  every donated parameter, moment and accumulator per update (on a 2-core CPU the optimizer's
+  part of an s2t_transformer_s update took about twice as long;
+  docs/notes/benchmarks-lab-notebook.md).
+
+  `trained` (parameter name -> bool, default: all) differentiates only the parameters it
+  accepts (`as_constants`); the optimizer's freeze_all_but keeps the others fixed.
+  """
+  loss_sums = make_loss_sums(model, label_smoothing, train_cfg, ctc_weight)
+
+  def apply_optimizer(operands):
+    params, opt_state, grads = operands
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  def train_step(state: TrainState, batch, apply_update: bool, first_micro: bool):
+    key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
+                             dp.device_index())
+    differentiated = loss_sums if trained is None else (
+        lambda params, *rest: loss_sums(as_constants(params, trained), *rest))
+    (loss, aux), grads = jax.value_and_grad(differentiated, has_aux=True)(
+        state.params, batch, False, key, state.step)
+    sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
+                    "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
+    grads = dp.psum(grads)
+    grad_acc = grads if first_micro else jax.tree_util.tree_map(jnp.add, state.grad_acc, grads)
+    acc_tokens = sums["tokens"] + (0.0 if first_micro else state.acc_tokens)
+    state = state.replace(micro_step=state.micro_step + 1)
+    if not apply_update:
+      return state.replace(grad_acc=grad_acc, acc_tokens=acc_tokens), sums
+    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(acc_tokens, 1.0), grad_acc)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+    params, opt_state = jax.lax.cond(finite, apply_optimizer, lambda operands: operands[:2],
+                                     (state.params, state.opt_state, grads))
+    lr = schedule(state.step)
+    state = state.replace(
+        step=state.step + 1, params=params, opt_state=opt_state,
+        grad_acc=(state.grad_acc if first_micro
+                  else jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc)),
+        acc_tokens=jnp.zeros_like(state.acc_tokens),
+        nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
+    return state, {**sums, "grad_norm": grad_norm, "lr": lr, "finite": finite}
+
+  def eval_step(state: TrainState, batch):
+    loss, aux = loss_sums(state.params, batch, True)
+    return dp.psum({"loss": loss, **aux})
+
+  return (dp.compile(train_step, static_argnums=(2, 3), donate_argnums=(0,)),
+          dp.compile(eval_step))
+
+
+def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:
+  totals = {"loss": 0.0, "nll": 0.0, "tokens": 0.0}
+  for batch in ip.eval_batches(batcher):
+    sums = eval_step(state, dp.shard(batch))
+    for k in totals:
+      totals[k] += dp.scalar(sums[k])
+  tokens = max(totals["tokens"], 1.0)
+  return {"dev_loss": totals["loss"] / tokens, "dev_nll": totals["nll"] / tokens,
+          "dev_ppl": float(np.exp(min(totals["nll"] / tokens, 50.0)))}
+
+
+def params_checksum(params) -> str:
+  """sha256 of every parameter's bytes in tree order: equal iff the parameters are bit-equal."""
+  digest = hashlib.sha256()
+  for leaf in jax.tree_util.tree_leaves(params):
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return digest.hexdigest()[:16]
