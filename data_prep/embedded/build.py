@@ -202,7 +202,8 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
 
 
 def main(argv=None):
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = argparse.ArgumentParser(prog="python -m data_prep.embedded",
+                                   description=__doc__.split("\n")[0])
   parser.add_argument("--out", required=True, help="the corpus folder (data.root in a config)")
   parser.add_argument("--workers", type=int, default=2, help="synthesising processes")
   add_arguments(parser)
