@@ -11,7 +11,7 @@ model's encoder stacked on it), then evaluates both on held-out speakers and sen
 example sentences and the message catalogs, espeak-ng only.
 
 What it reaches: docs/quickstart.md. Why each setting is what it is (every trial with its
-numbers): docs/notes/, linked from docs/quickstart.md#recipe.
+numbers): docs/notes/, linked from docs/quickstart.md#the-recipe.
 
 Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
       python run.py --config=configs/quickstart.py:long --workdir=runs/quickstart_long
