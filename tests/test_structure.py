@@ -46,18 +46,26 @@ DATA_PREP_PARTS = {        # data_prep's own parts: what they may import of the 
 }
 
 
+def import_statements(path: str):
+  """(module, names imported from it, or None for `import module`) of every absolute import
+  statement in a file."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in ast.walk(tree):
+    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+      yield node.module, [a.name for a in node.names]
+    elif isinstance(node, ast.Import):
+      for alias in node.names:
+        yield alias.name, None
+
+
 def imported_modules(path: str) -> set[str]:
   """The dotted names of every module a file imports (`from a import b` gives a.b as well as
   a, since b may be a module)."""
-  with open(path, encoding="utf-8") as f:
-    tree = ast.parse(f.read())
   names = set()
-  for node in ast.walk(tree):
-    if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-      names.add(node.module)
-      names.update(f"{node.module}.{a.name}" for a in node.names)
-    elif isinstance(node, ast.Import):
-      names.update(a.name for a in node.names)
+  for module, imported in import_statements(path):
+    names.add(module)
+    names.update(f"{module}.{name}" for name in imported or ())
   return names
 
 
@@ -148,16 +156,11 @@ def _module_graph() -> dict[str, set[str]]:
           paths[dotted.removesuffix(".__init__")] = path
   graph = {}
   for module, path in paths.items():
-    with open(path, encoding="utf-8") as f:
-      tree = ast.parse(f.read())
     edges = set()
-    for node in ast.walk(tree):
-      if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-        for alias in node.names:
-          edges.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in paths
-                    else node.module)
-      elif isinstance(node, ast.Import):
-        edges.update(a.name for a in node.names)
+    for imported_module, names in import_statements(path):
+      for name in names or [None]:
+        submodule = f"{imported_module}.{name}"
+        edges.add(submodule if name and submodule in paths else imported_module)
     graph[module] = {e for e in edges if e in paths and e != module}
   return graph
 
