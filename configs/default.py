@@ -162,6 +162,8 @@ def get_config(arg=None):
   mt.eval_every = 1000         # updates between dev perplexities (the best parameters are kept)
   mt.score_dev = True          # dev BLEU of the kept parameters at the end (beam mt.beam)
   mt.beam = 5
+  mt.text_only = False         # also train on the prepared text without speech (prepare's
+                               # text_only: the embedded corpus's game lines not held out)
 
   # --- evaluation ----------------------------------------------------------------------------
   e = config.eval = ml_collections.ConfigDict()

@@ -2,13 +2,16 @@
 the embedded corpus, on a 2-core CPU.
 
 Builds the embedded English->Spanish corpus (Bible verses, World English Bible against
-Reina-Valera 1909, spoken by espeak-ng and flite voices), prepares it, trains the ASR stage
-(hybrid CTC/attention), a text model on the corpus's pairs whose decoder and encoder start the
-ST stage's, and the ST stage (the ASR encoder with a CTC loss on the source transcript, the text
-model's encoder stacked on it), then evaluates both on held-out speakers and sentences
-(tst-COMMON) and on tst-COMMON's sentences spoken by a synthesizer no training utterance uses
-(festival: tst-unseen-synth). `:ding` is the English->German corpus of the Ding dictionary's
-example sentences and the message catalogs, espeak-ng only.
+Reina-Valera 1909, spoken by espeak-ng and flite voices; Flight of the Amazon Queen's recorded
+dialogue for ASR; Beneath a Steel Sky's recorded lines and Spanish subtitles held out), prepares
+it, trains the ASR stage (hybrid CTC/attention), a text model on the corpus's pairs and the
+second game's other lines whose decoder and encoder start the ST stage's, and the ST stage (the
+ASR encoder with a CTC loss on the source transcript, the text model's encoder stacked on it),
+then evaluates both on held-out speakers and sentences (tst-COMMON, and band-limited as the
+games' audio: tst-COMMON-5k), on tst-COMMON's sentences spoken by a synthesizer no training
+utterance uses (festival: tst-unseen-synth) and on the second game's cast (dev-real,
+tst-real). `:ding` is the English->German corpus of the Ding dictionary's example sentences and
+the message catalogs, espeak-ng only, with the same recorded speech (German subtitles).
 
 What it reaches: docs/quickstart.md. Why each setting is what it is (every trial with its
 numbers): docs/notes/, linked from docs/quickstart.md#the-recipe.
@@ -21,7 +24,7 @@ Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
 
 from configs import default
 
-UPDATES = {"asr": 7500, "st": 4300}          # about 20 minutes on a 417 GFLOP/s 2-core CPU
+UPDATES = {"asr": 9000, "st": 4300}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
 LONG_UPDATES = {"asr": 16000, "st": 7000}    # `:long`: under an hour
 LONG_EVAL_EVERY = 2000
@@ -48,7 +51,10 @@ def get_config(arg=None):
   e.other_synthesizer_share = 0.5            # flite speaks half of the training utterances
   e.train_speakers_per_sentence = 1
   e.max_heldout = 300                        # dev and tst-COMMON: 300 verses each
-  d.extra_test_splits = "tst-unseen-synth"
+  e.recorded_train = "queen"                 # + Flight of the Amazon Queen's cast (ASR, 2.7 h)
+  e.real_test, e.real_heldout = "sky", 300   # dev-real, tst-real: Beneath a Steel Sky's cast
+  e.narrowband_share = 0.3                   # synthetic talks at the games' 5.5 kHz bandwidth
+  d.extra_test_splits = "tst-unseen-synth,dev-real,tst-real,tst-COMMON-5k"
   d.root = "data/embedded_en_es"
   d.prepared_dir = "data/prepared/embedded_en_es"
   d.asr_vocab, d.st_vocab = 300, 1000
@@ -75,6 +81,7 @@ def get_config(arg=None):
   mt.max_updates, mt.batch, mt.eval_every = MT_UPDATES, 64, 500
   mt.encoder_layers = 2
   mt.dropout = 0.0                           # 500 updates without reach 1000 with 0.3
+  mt.text_only = True                        # + Beneath a Steel Sky's lines not held out (text)
   ev = config.eval
   ev.checkpoint = "latest"                   # the learning rate has decayed to 0 there
   ev.after_training = True
@@ -109,7 +116,7 @@ def ding(config):
   e.target, e.text = "de", "catalogs,ding"
   e.synthesizers, e.unseen_synthesizer = "espeak", ""
   e.other_synthesizer_share = 0.0
-  d.extra_test_splits = ""
+  d.extra_test_splits = "dev-real,tst-real,tst-COMMON-5k"   # sky's German subtitles
   d.root = "data/embedded_ding"
   d.prepared_dir = "data/prepared/embedded_ding_en_de"
   config.st.ctc_weight = 0.0

@@ -274,14 +274,50 @@ def _global_cmvn(train_sidecars):
   return stats
 
 
+TEXT_ONLY_DIR = "text"
+
+
+def copy_text_only(root: str, pairs: list[str], out: str) -> dict[str, list[str]]:
+  """Parallel text without speech that a MuST-C-style root holds beside a pair's splits
+  ({root}/{pair}/text/{name}.{src} and .{tgt}, line by line) -> copied to
+  {out}/text/{pair}/; returns {pair: [names]}. Nothing trains on it unless a setting asks
+  (mt.text_only: the text stage)."""
+  found = {}
+  for pair in pairs:
+    src, tgt = corpora.split_pair(pair)
+    folder = os.path.join(root, pair, TEXT_ONLY_DIR)
+    if "," in root or not os.path.isdir(folder):
+      continue
+    names = sorted({f.rsplit(".", 1)[0] for f in os.listdir(folder)})
+    for name in names:
+      sides = [_read_lines(os.path.join(folder, f"{name}.{lang}")) for lang in (src, tgt)]
+      if len(sides[0]) != len(sides[1]):
+        raise ValueError(f"{folder}/{name}: {len(sides[0])} {src} lines but {len(sides[1])} "
+                         f"{tgt} lines; text without speech is parallel, line by line")
+      target_dir = os.path.join(out, TEXT_ONLY_DIR, pair)
+      os.makedirs(target_dir, exist_ok=True)
+      for lang, lines in zip((src, tgt), sides):
+        with open(os.path.join(target_dir, f"{name}.{lang}"), "w", encoding="utf-8") as f:
+          f.writelines(line + "\n" for line in lines)
+    found[pair] = names
+  return found
+
+
+def _read_lines(path: str) -> list[str]:
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"{path}: text without speech needs both languages' files")
+  with open(path, encoding="utf-8") as f:
+    return [line.rstrip("\n") for line in f]
+
+
 def plan_jobs(corpus: str, root: str, pairs: list[str], out: str, splits: list[str],
-              workers: int, shard_frames: int, eval_only_pairs=(), speed_perturb=()
-              ) -> tuple[dict, dict]:
+              workers: int, shard_frames: int, eval_only_pairs=(), speed_perturb=(),
+              train_only_pairs=()) -> tuple[dict, dict]:
   """Reads every split's segment list first (layout errors surface before any work is done)
   and plans its shards (kept in shards/plan.json: a rerun writes the same shards) -> ({split:
   [write_shard jobs]}, {split: segments listed}). The jobs hold the records."""
-  records = {s: corpora.read_corpora(corpus, root,
-                                     pairs + list(eval_only_pairs) if i else pairs, s)
+  records = {s: corpora.read_corpora(corpus, root, pairs + list(eval_only_pairs) if i else
+                                     pairs + list(train_only_pairs), s)
              for i, s in enumerate(splits)}
   records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb)
   data_dir = os.path.join(out, "tfds")
@@ -313,10 +349,12 @@ def plan_jobs(corpus: str, root: str, pairs: list[str], out: str, splits: list[s
 def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str] | None = None,
             asr_vocab: int = 5000, st_vocab: int = 8000, workers: int | None = None,
             progress: bool = True, shard_frames: int = DEFAULT_SHARD_FRAMES,
-            eval_only_pairs: list[str] = (), speed_perturb: tuple[float, ...] = ()) -> dict:
+            eval_only_pairs: list[str] = (), speed_perturb: tuple[float, ...] = (),
+            train_only_pairs: list[str] = ()) -> dict:
   """`pairs` are prepared for every split, `eval_only_pairs` (directions without training
-  data: zero-shot) for every split but the first (the training split). A pair X-X (mTEDx's
-  ASR data) is transcription: its text trains the ASR vocabulary only. speed_perturb: the
+  data: zero-shot) for every split but the first (the training split), `train_only_pairs`
+  (transcribed speech without held-out splits) for the first only. A pair X-X (mTEDx's ASR
+  data) is transcription: its text trains the ASR vocabulary only. speed_perturb: the
   training split holds each utterance at each of these speeds (Kaldi's 0.9, 1.0, 1.1; the
   copies' ids start with `sp{factor}-`); () = as recorded."""
   done_marker = os.path.join(out, "prepared.json")
@@ -327,8 +365,9 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   workers = workers or os.cpu_count() or 1
   splits = splits or [s for s in corpora.SPLITS[corpus.split(",")[0]] if s != "tst-HE"]
   eval_only_pairs = [p for p in eval_only_pairs if p not in pairs]
+  train_only_pairs = [p for p in train_only_pairs if p not in pairs]
   jobs, segments = plan_jobs(corpus, root, pairs, out, splits, workers, shard_frames,
-                             eval_only_pairs, speed_perturb)
+                             eval_only_pairs, speed_perturb, train_only_pairs)
   data_dir = os.path.join(out, "tfds")
 
   sidecars = {}
@@ -362,6 +401,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   for split in splits:
     write_split_index(os.path.join(index_dir, f"{split}.npz"), [job[1] for job in jobs[split]])
 
+  text_only = copy_text_only(root, pairs + list(train_only_pairs), out)
   stats = _global_cmvn(sidecars.get("train", []))
   if stats.count:
     mean, std = stats.mean_std()
@@ -382,6 +422,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
                                       tags)}
   summary = {"corpus": corpus, "root": ",".join(map(os.path.abspath, root.split(","))),
              "pairs": pairs, "eval_only_pairs": eval_only_pairs,
+             "train_only_pairs": train_only_pairs, "text_only": text_only,
              "splits": {s: report[s]["kept"] for s in splits}, "tfds_dir": "tfds",
              "shards": {s: len(jobs[s]) for s in splits},
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
@@ -406,6 +447,9 @@ def main(argv=None):
   parser.add_argument("--eval-only-pairs", default="",
                       help="comma-separated pairs without training data, prepared for the "
                            "other splits only (zero-shot directions, e.g. mTEDx's it-en)")
+  parser.add_argument("--train-only-pairs", default="",
+                      help="comma-separated pairs prepared for the training split only "
+                           "(transcribed speech without held-out splits, e.g. en-en)")
   parser.add_argument("--out", required=True)
   parser.add_argument("--splits", default="", help="comma-separated; default: all but tst-HE")
   parser.add_argument("--asr-vocab", type=int, default=5000)
@@ -423,6 +467,7 @@ def main(argv=None):
                     [s for s in args.splits.split(",") if s] or None, args.asr_vocab,
                     args.st_vocab, args.workers, shard_frames=args.shard_frames,
                     eval_only_pairs=[p for p in args.eval_only_pairs.split(",") if p],
+                    train_only_pairs=[p for p in args.train_only_pairs.split(",") if p],
                     speed_perturb=parse_speeds(args.speed_perturb))
   print(json.dumps(summary, indent=1))
   with open(os.path.join(args.out, "prep_report.json"), encoding="utf-8") as f:

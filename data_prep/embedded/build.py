@@ -32,19 +32,25 @@ import numpy as np
 
 from data_prep.common import cli_errors
 from data_prep.common.progress import progress_bar
-from data_prep.embedded import text, voices
-from data_prep.embedded.plan import plan_direction, split_variants, unseen_voices
-from data_prep.embedded.spec import (UNSEEN_SYNTH_SPLIT, CorpusSpec, add_arguments,
+from data_prep.embedded import recorded, text, voices
+from data_prep.embedded.plan import (plan_direction, real_heldout_lines, split_variants,
+                                     unseen_voices)
+from data_prep.embedded.spec import (NARROWBAND_SPLIT, REAL_SPLITS, RECORDED_GAMES,
+                                     UNSEEN_SYNTH_SPLIT, CorpusSpec, add_arguments,
                                      specs_from_arguments)
 
 SAMPLE_RATE = voices.SAMPLE_RATE
+NARROW_RATE = 11025        # the games' sampling rate
 COMPLETE = ".complete.json"
+RECORDED_PER_TALK = 20
+TEXT_ONLY_DIR = "text"      # {direction}/text/{name}.{language}: parallel text without speech
 
 
 def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
-  """`spec` without the synthesizers that cannot be had here (fetched and run once to know),
-  each named in a warning: training then hears espeak-ng alone, and without the unseen
-  synthesizer there is no UNSEEN_SYNTH_SPLIT."""
+  """`spec` without the synthesizers and games that cannot be had here (fetched and run once to
+  know), each named in a warning: training then hears espeak-ng alone; without the unseen
+  synthesizer there is no UNSEEN_SYNTH_SPLIT; without a game no recorded training speech or no
+  real splits."""
   engines = [e for e in spec.synthesizers if e != "espeak"]
   unseen = [spec.unseen_synthesizer] if spec.unseen_synthesizer else []
   missing = []
@@ -55,6 +61,18 @@ def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
           + ("training hears espeak-ng alone" if engine in engines else
              f"there is no {UNSEEN_SYNTH_SPLIT} split"))
       missing.append(engine)
+  games = {"recorded_train": list(spec.recorded_train), "real_test": [spec.real_test] * bool(
+      spec.real_test)}
+  for setting, names in games.items():
+    for game in names:
+      problem = _game_problem(game, spec.package_cache())
+      if problem:
+        log(f"WARNING: the embedded corpus is built without {RECORDED_GAMES[game]} "
+            f"({problem}); " + ("the ASR training hears no recorded speech"
+                                if setting == "recorded_train" else
+                                f"there are no {', '.join(REAL_SPLITS + (NARROWBAND_SPLIT,))} "
+                                f"splits"))
+        spec = dataclasses.replace(spec, **{setting: () if setting == "recorded_train" else ""})
   if not missing:
     return spec
   synthesizers_left = tuple(e for e in spec.synthesizers if e not in missing)
@@ -77,22 +95,47 @@ def _engine_problem(engine: str, cache_dir: str) -> str:
   return ""
 
 
-def _synthesize_talk(job):
-  """Worker: synthesises one talk wav; returns its segment entries (offsets in seconds)."""
-  path, segments, seed, cache_dir = job
-  rng = np.random.default_rng(seed)
+@functools.lru_cache(maxsize=None)
+def _game_problem(game: str, cache_dir: str) -> str:
+  """Why `game`'s recorded speech cannot be had here ("" if it can), asked once per process."""
+  try:
+    recorded.game_folder(game, cache_dir)
+  except recorded.GameUnavailable as error:
+    return str(error)
+  return ""
+
+
+def band_limited(samples: np.ndarray) -> np.ndarray:
+  """16 kHz audio through the games' 11,025 Hz sampling: nothing above 5.5 kHz is left."""
+  import soxr  # pylint: disable=import-outside-toplevel
+  low = soxr.resample(samples.astype(np.float32), SAMPLE_RATE, NARROW_RATE)
+  back = soxr.resample(low, NARROW_RATE, SAMPLE_RATE).astype(np.float32)
+  return np.resize(back, len(samples)) if len(back) != len(samples) else back
+
+
+def _talk_audio(utterances, rng) -> tuple[np.ndarray, list[dict]]:
+  """One talk's audio from its utterances' samples, 0.3-0.9 s of silence before each and 0.5 s
+  at the end -> (samples, [{offset, duration}] in seconds)."""
   pieces, entries, cursor = [], [], 0
-  for segment in segments:
+  for speech in utterances:
     gap = np.zeros(int(SAMPLE_RATE * rng.uniform(0.3, 0.9)), np.float32)
-    speech = voices.speak(segment.source, segment.voice, cache_dir)
     pieces += [gap, speech]
     cursor += len(gap)
     entries.append({"offset": round(cursor / SAMPLE_RATE, 4),
                     "duration": round(len(speech) / SAMPLE_RATE, 4)})
     cursor += len(speech)
   pieces.append(np.zeros(int(SAMPLE_RATE * 0.5), np.float32))
+  return np.concatenate(pieces), entries
+
+
+def _synthesize_talk(job):
+  """Worker: synthesises one talk wav (band-limited if asked); returns its segment entries."""
+  path, segments, seed, cache_dir, narrowband = job
+  rng = np.random.default_rng(seed)
+  speech = (voices.speak(segment.source, segment.voice, cache_dir) for segment in segments)
+  samples, entries = _talk_audio(speech, rng)
   if not os.path.exists(path):
-    voices.write_wav(path, np.concatenate(pieces))
+    voices.write_wav(path, band_limited(samples) if narrowband else samples)
   return entries
 
 
@@ -130,7 +173,8 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
   marker = os.path.join(root, COMPLETE)
   if not os.path.exists(marker):
     return False
-  if spec.synthesizers != ("espeak",) or spec.unseen_synthesizer:
+  if spec.synthesizers != ("espeak",) or spec.unseen_synthesizer or spec.recorded_train or \
+      spec.real_test:     # what can be had here decides what was built
     spec = effective_spec(spec, log=lambda message: None)
   with open(marker, encoding="utf-8") as f:
     if json.load(f).get("spec") == _spec_json(spec):
@@ -145,13 +189,16 @@ def _synthesize_direction(root: str, spec: CorpusSpec, source: str, plan: dict, 
   """Writes every talk's wav of `plan` under `root` -> {split: [segment entries]}."""
   cache_dir = voices.cache_dir(spec.package_cache())
   jobs, meta = [], []
+  narrow_rng = np.random.default_rng([spec.seed, 23])
   for split, talks in plan.items():
     os.makedirs(os.path.join(root, "data", split, "wav"), exist_ok=True)
     os.makedirs(os.path.join(root, "data", split, "txt"), exist_ok=True)
     for t, segments in enumerate(talks):
       talk = f"{split.replace('-', '_')}_{t:04d}"
       path = os.path.join(root, "data", split, "wav", f"{talk}.wav")
-      jobs.append((path, segments, spec.seed * 100003 + len(jobs), cache_dir))
+      narrowband = split == "train" and spec.narrowband_share > 0 and (
+          narrow_rng.random() < spec.narrowband_share)
+      jobs.append((path, segments, spec.seed * 100003 + len(jobs), cache_dir, narrowband))
       meta.append((split, talk, segments))
   entries_by_split = {s: [] for s in spec.splits()}
   with multiprocessing.get_context("spawn").Pool(workers) as pool:
@@ -188,17 +235,113 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
                                  text.bible_pairs(spec, source, target))
     plan = plan_direction(spec, source, target, pairs)
     entries_by_split = _synthesize_direction(root, spec, source, plan, workers, progress)
-    for split, entries in entries_by_split.items():
-      txt = os.path.join(root, "data", split, "txt")
-      for language, side in ((source, "source"), (target, "target")):
-        _atomic_text(os.path.join(txt, f"{split}.{language}"),
-                     "".join(e[side] + "\n" for e in entries))
-      _atomic_text(os.path.join(txt, f"{split}.yaml"), "".join(map(_yaml_line, entries)))
-    counts = {s: len(e) for s, e in entries_by_split.items()}
-    _atomic_text(os.path.join(root, COMPLETE),
-                 json.dumps({"spec": _spec_json(spec), "segments": counts}))
+    if spec.real_test and source == "en":
+      entries_by_split.update(_real_splits(root, spec, target, entries_by_split["tst-COMMON"]))
+    _write_split_texts(root, spec, source, target, entries_by_split)
+    done_dirs.append(root)
+  for pair in spec.transcription_pairs():
+    root = direction_dir(out, *pair.split("-"))
+    if not is_built(root, spec):
+      _write_split_texts(root, spec, "en", "en", {"train": _queen_split(root, spec)})
     done_dirs.append(root)
   return done_dirs
+
+
+def _write_split_texts(root: str, spec: CorpusSpec, source: str, target: str,
+                       entries_by_split: dict[str, list[dict]]):
+  """Each split's yaml and text files, then the direction's marker (the build is complete)."""
+  for split, entries in entries_by_split.items():
+    txt = os.path.join(root, "data", split, "txt")
+    os.makedirs(txt, exist_ok=True)
+    for language, side in dict(((source, "source"), (target, "target"))).items():
+      _atomic_text(os.path.join(txt, f"{split}.{language}"),
+                   "".join(e[side] + "\n" for e in entries))
+    _atomic_text(os.path.join(txt, f"{split}.yaml"), "".join(map(_yaml_line, entries)))
+  counts = {s: len(e) for s, e in entries_by_split.items()}
+  _atomic_text(os.path.join(root, COMPLETE),
+               json.dumps({"spec": _spec_json(spec), "segments": counts}))
+
+
+def _recorded_talks(root: str, split: str, lines, source: str, target_of, seed: int,
+                    progress: bool) -> list[dict]:
+  """Writes recorded lines as talks of RECORDED_PER_TALK (each speaker's lines together) ->
+  the split's segment entries. A talk already written is kept (the build resumes)."""
+  for folder in ("wav", "txt"):
+    os.makedirs(os.path.join(root, "data", split, folder), exist_ok=True)
+  by_speaker: dict[str, list] = {}
+  for line in lines:
+    by_speaker.setdefault(line.speaker, []).append(line)
+  talks = [group[start:start + RECORDED_PER_TALK] for group in by_speaker.values()
+           for start in range(0, len(group), RECORDED_PER_TALK)]
+  rng = np.random.default_rng([seed, 29])
+  entries = []
+  for t, talk_lines in enumerate(progress_bar(talks, desc=f"writing {split}", unit="talk",
+                                              disable=not progress)):
+    talk = f"{split.replace('-', '_')}_{t:04d}"
+    path = os.path.join(root, "data", split, "wav", f"{talk}.wav")
+    samples, timings = _talk_audio([line.audio for line in talk_lines], rng)
+    if not os.path.exists(path):
+      voices.write_wav(path, samples)
+    entries += [dict(timing, speaker_id=line.speaker, wav=f"{talk}.wav",
+                     domain=line.id.split("_")[0], lang=source, source=line.text,
+                     target=target_of(line)) for line, timing in zip(talk_lines, timings)]
+  return entries
+
+
+def _queen_split(root: str, spec: CorpusSpec, progress: bool = True, log=print) -> list[dict]:
+  """The transcribed training split of Flight of the Amazon Queen's dialogue (an en-en
+  direction: the transcript is the target too)."""
+  tally = recorded.Tally()
+  folder = recorded.game_folder("queen", spec.package_cache())
+  lines = list(recorded.queen_lines(folder, tally))
+  log(f"{RECORDED_GAMES['queen']}: {tally.summary()}")
+  return _recorded_talks(root, "train", lines, "en", lambda line: line.text, spec.seed,
+                         progress)
+
+
+def _write_text_only(root: str, name: str, source: str, target: str, lines, held_out):
+  """The game's other lines as parallel text without speech ({root}/text/{name}.{language}),
+  never a held-out line's words: what a text stage may read (mt.text_only)."""
+  held_keys = {recorded.text_key(line.text) for split in held_out for line in split}
+  others = [line for line in lines if recorded.text_key(line.text) not in held_keys]
+  os.makedirs(os.path.join(root, TEXT_ONLY_DIR), exist_ok=True)
+  _atomic_text(os.path.join(root, TEXT_ONLY_DIR, f"{name}.{source}"),
+               "".join(line.text + "\n" for line in others))
+  _atomic_text(os.path.join(root, TEXT_ONLY_DIR, f"{name}.{target}"),
+               "".join(line.translations[target] + "\n" for line in others))
+
+
+def _real_splits(root: str, spec: CorpusSpec, target: str, tst_common: list[dict],
+                 progress: bool = True, log=print) -> dict[str, list[dict]]:
+  """dev-real and tst-real from Beneath a Steel Sky's recorded lines (against its `target`
+  subtitles), and NARROWBAND_SPLIT: tst-COMMON's talks band-limited to 5.5 kHz."""
+  tally = recorded.Tally()
+  folder = recorded.game_folder("sky", spec.package_cache())
+  lines = recorded.sky_lines(folder, tally)
+  log(f"{RECORDED_GAMES['sky']}: {tally.summary()}")
+  excluded = set()
+  if spec.transcription_pairs():     # no held-out line's text may be a training transcript
+    excluded = {recorded.text_key(line.text) for line in recorded.queen_lines(
+        recorded.game_folder("queen", spec.package_cache()), recorded.Tally(),
+        with_audio=False)}
+  held_out = real_heldout_lines(lines, spec, excluded)
+  _write_text_only(root, "sky", "en", target, lines, held_out)
+  splits = {}
+  for split, chosen in zip(REAL_SPLITS, held_out):
+    chosen = [recorded.load_sky_audio(folder, line) for line in chosen]
+    splits[split] = _recorded_talks(root, split, chosen, "en",
+                                    lambda line: line.translations[target], spec.seed, progress)
+  narrow_wav = os.path.join(root, "data", NARROWBAND_SPLIT, "wav")
+  os.makedirs(narrow_wav, exist_ok=True)
+  for wav in sorted({entry["wav"] for entry in tst_common}):
+    path = os.path.join(narrow_wav, wav)
+    if not os.path.exists(path):
+      import soundfile  # pylint: disable=import-outside-toplevel
+      samples, _ = soundfile.read(os.path.join(root, "data", "tst-COMMON", "wav", wav),
+                                  dtype="float32")
+      voices.write_wav(path, band_limited(samples))
+  splits[NARROWBAND_SPLIT] = [dict(entry) for entry in tst_common]
+  return splits
 
 
 def main(argv=None):

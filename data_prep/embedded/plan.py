@@ -11,11 +11,12 @@ setting leaves the other splits' draws as they were.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 import numpy as np
 
-from data_prep.embedded import voices
+from data_prep.embedded import recorded, voices
 from data_prep.embedded.spec import ESPEAK_VOICE, SPLITS, UNSEEN_SYNTH_SPLIT, CorpusSpec
 from data_prep.embedded.voices import Voice
 
@@ -136,3 +137,15 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, pairs: list[tuple
                 for n, index in enumerate(split_pairs["tst-COMMON"])]
     plan[UNSEEN_SYNTH_SPLIT] = _talks(segments, spec.segments_per_talk)
   return plan
+
+
+def real_heldout_lines(lines, spec: CorpusSpec, excluded=frozenset()) -> tuple[list, list]:
+  """(dev-real, tst-real): spec.real_heldout recorded lines each, disjoint in their words, drawn
+  with the spec's seed from `lines` (recorded.RecordedLine) whose words (recorded.text_key) are
+  said once in the game and are not in `excluded` (the training transcripts)."""
+  said = collections.Counter(recorded.text_key(line.text) for line in lines)
+  usable = [line for line in lines if said[recorded.text_key(line.text)] == 1 and
+            recorded.text_key(line.text) not in excluded]
+  order = np.random.default_rng([spec.seed, 31]).permutation(len(usable))
+  n = spec.real_heldout
+  return ([usable[i] for i in sorted(order[:n])], [usable[i] for i in sorted(order[n:2 * n])])

@@ -20,6 +20,13 @@ from data_prep.embedded.text import TEXT_SOURCES, bible
 SPLITS = ("train", "dev", "tst-COMMON")
 # tst-COMMON's sentences spoken by a synthesizer family that no training or dev utterance uses.
 UNSEEN_SYNTH_SPLIT = "tst-unseen-synth"
+# A real speech-translation test: recorded lines of a game whose cast no training audio has,
+# against the game's own subtitles (spec.real_test); tst-COMMON band-limited as the games' audio.
+REAL_SPLITS = ("dev-real", "tst-real")
+NARROWBAND_SPLIT = "tst-COMMON-5k"
+RECORDED_GAMES = {"queen": "Flight of the Amazon Queen", "sky": "Beneath a Steel Sky"}
+# The languages of sky's subtitles that a real split can translate into.
+REAL_TEST_LANGUAGES = ("es", "de")
 # espeak-ng's voice for each language the corpus speaks.
 ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
 
@@ -59,6 +66,17 @@ class CorpusSpec:
   other_synthesizer_share: float = _setting(
       0.0, "share of the training utterances spoken by the synthesizers besides espeak (0: "
            "as their share of the training voices)")
+  recorded_train: tuple[str, ...] = _setting(
+      (), "games whose recorded dialogue joins the ASR training as transcribed speech (an X-X "
+          "pair): queen (Flight of the Amazon Queen, ~4,000 clips, ~2.7 h)")
+  real_test: str = _setting(
+      "", f"build {' and '.join(REAL_SPLITS)} (and {NARROWBAND_SPLIT}): recorded lines of sky "
+          f"(Beneath a Steel Sky) against its {'/'.join(REAL_TEST_LANGUAGES)} subtitles ('' = "
+          f"none)")
+  real_heldout: int = _setting(300, f"lines in each of {' and '.join(REAL_SPLITS)}")
+  narrowband_share: float = _setting(
+      0.0, "share of the synthetic training talks band-limited to the games' 5.5 kHz (their "
+           "11,025 Hz sampling), so that bandwidth tells the model nothing")
   cache_root: str = _setting(
       "", "where fetched packages are kept ('' = data_prep.common.packages.cache_root())",
       config_key=False)
@@ -87,6 +105,22 @@ class CorpusSpec:
                        f"; valid: 0 (proportional to the voices) or a share in (0, 1) with a "
                        f"synthesizer besides espeak among the synthesizers "
                        f"({', '.join(self.synthesizers)})")
+    if set(self.recorded_train) - {"queen"}:
+      raise ValueError(f"embedded corpus recorded_train {','.join(self.recorded_train)!r}; "
+                       f"valid: queen (or nothing)")
+    if self.real_test not in ("", "sky"):
+      raise ValueError(f"embedded corpus real_test {self.real_test!r}; valid: sky or ''")
+    if self.real_test and ("en" not in self.sources or
+                           self.target not in REAL_TEST_LANGUAGES):
+      raise ValueError(f"embedded corpus real_test={self.real_test!r} needs English among the "
+                       f"sources and a target in {', '.join(REAL_TEST_LANGUAGES)} (the game's "
+                       f"subtitles); got sources {','.join(self.sources)}, target "
+                       f"{self.target}")
+    if self.real_test and self.real_heldout < 1:
+      raise ValueError(f"embedded corpus real_heldout {self.real_heldout}; valid: 1 or more")
+    if not 0.0 <= self.narrowband_share <= 1.0:
+      raise ValueError(f"embedded corpus narrowband_share {self.narrowband_share}; valid: a "
+                       f"share in [0, 1]")
     if self.bible_english not in bible.ENGLISH:
       raise ValueError(f"embedded corpus bible_english {self.bible_english!r}; valid: "
                        f"{', '.join(sorted(bible.ENGLISH))}")
@@ -96,10 +130,17 @@ class CorpusSpec:
     return self.cache_root or packages.cache_root()
 
   def splits(self) -> tuple[str, ...]:
-    return SPLITS + ((UNSEEN_SYNTH_SPLIT,) if self.unseen_synthesizer else ())
+    """The splits of the spec's translation directions."""
+    return (SPLITS + ((UNSEEN_SYNTH_SPLIT,) if self.unseen_synthesizer else ()) +
+            (REAL_SPLITS + (NARROWBAND_SPLIT,) if self.real_test else ()))
 
   def directions(self):
     return [(s, self.target) for s in self.sources if s != self.target]
+
+  def transcription_pairs(self) -> list[str]:
+    """The X-X pairs of recorded transcribed speech, training split only ("en-en" with queen:
+    its dialogue is English)."""
+    return ["en-en"] if self.recorded_train and "en" in self.sources else []
 
 
 FIELDS = {field.name: field for field in dataclasses.fields(CorpusSpec)}

@@ -149,6 +149,25 @@ class Ragged:
     return Ragged(values=self.values[np.repeat(keep, self.lengths)], starts=starts)
 
 
+def task_vocabulary(prepared_dir: str, task: str):
+  """The prepared vocabulary of `task` (asr: the transcripts' pieces; st: the targets')."""
+  return vocab.load(prepared_dir, read_summary(prepared_dir)["vocab"][task])
+
+
+def text_only_lines(prepared_dir: str, language: str, pairs=None) -> list[str]:
+  """The `language` side of the prepared parallel text without speech (prepare's text_only),
+  of `pairs` (None: every pair)."""
+  lines = []
+  for pair, names in sorted(read_summary(prepared_dir).get("text_only", {}).items()):
+    if pairs is not None and pair not in pairs or language not in pair.split("-"):
+      continue
+    for name in names:
+      with open(os.path.join(prepared_dir, "text", pair, f"{name}.{language}"),
+                encoding="utf-8") as f:
+        lines += [line.rstrip("\n") for line in f]
+  return lines
+
+
 def read_summary(prepared_dir: str) -> dict:
   """A prepared dataset's prepared.json (splits, vocabularies, features); refused with the
   command that makes one."""

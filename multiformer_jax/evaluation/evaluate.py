@@ -187,6 +187,12 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   hypotheses = decode_split(params, batcher, translate, progress, config.train.seed, pick)
   references = data.references
   overall = score(stage, hypotheses, references)
+  if stage == "asr" and len(references) > 1:
+    # Chance level: the same hypotheses against the references in a fixed shuffled order. A
+    # split whose audio is linked to its text reads far below it.
+    shuffled = np.random.default_rng(0).permutation(len(references))
+    overall["wer_shuffled_references"] = score(
+        stage, hypotheses, [references[i] for i in shuffled])["wer"]
   per_tag = scores_by_tag(stage, data, hypotheses, ip.TAG_NAMES)
   left_out_pairs = sorted(set(split_pairs) - set(ip.split_tags(data)["pair"]))
   averages = paper_averages(stage, per_tag, split_pairs, training_pairs(config, stage),
@@ -209,8 +215,9 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
             "decode_s": round(time.time() - start, 1), "config": config.name}
   with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
     json.dump(result, f, indent=1, ensure_ascii=False)
-  log.info("%s %s: %s", stage, split, f"BLEU {overall['bleu']}" if stage == "st" else
-           f"WER {overall['wer']}")
+  log.info("%s %s: %s", stage, split, f"BLEU {overall['bleu']}, chrF {overall['chrf']}"
+           if stage == "st" else f"WER {overall['wer']} (against shuffled references "
+           f"{overall.get('wer_shuffled_references')})")
   if averages:
     log.info("  averages (Gong et al. 2022): %s", ", ".join(
         f"{k} {'—' if v is None else v}" for k, v in averages.items() if k.startswith("AVG")))

@@ -55,12 +55,17 @@ def ctc_loss_sum(logits, mask, targets, weights, blank_id: int = CTC_BLANK_ID,
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict:
-  """sacreBLEU (13a, case-sensitive) on detokenised text: score and signature."""
+  """sacreBLEU (13a, case-sensitive) on detokenised text: score and signature, and chrF
+  (sacreBLEU's chrF2, character 6-grams), which loose references such as subtitles punish
+  less for a right word in another form."""
   import sacrebleu  # pylint: disable=import-outside-toplevel
   metric = sacrebleu.metrics.BLEU()
   result = metric.corpus_score(hypotheses, [references])
+  chrf = sacrebleu.metrics.CHRF()
   return {"bleu": round(result.score, 2), "signature": str(metric.get_signature()),
-          "detail": str(result)}
+          "detail": str(result),
+          "chrf": round(chrf.corpus_score(hypotheses, [references]).score, 2),
+          "chrf_signature": str(chrf.get_signature())}
 
 
 def _is_punctuation(token: str) -> bool:

@@ -167,6 +167,32 @@ def text_pairs(data: ip.SplitData, length: int) -> TextPairs:
   return TextPairs(source, prev, target, data.prefix, list(data.references), truncated)
 
 
+def with_text_only(pairs: TextPairs, data: ip.SplitData, length: int) -> TextPairs:
+  """`pairs` and the prepared parallel text without speech of `data`'s pairs (ASR pieces on
+  the source side, the ST vocabulary's on the target side), as more rows."""
+  if pairs.prefix is not None:
+    raise ValueError("mt.text_only: the text without speech has no target-language tags; "
+                     "use it with a single-target corpus (data.target_lang_tag=false)")
+  used = sorted(set(map(str, data.tag_values["pair"])))
+  source_lang, target_lang = used[0].split("-")
+  sources = ip.text_only_lines(data.config.prepared_dir, source_lang, used)
+  targets = ip.text_only_lines(data.config.prepared_dir, target_lang, used)
+  asr_vocab = ip.task_vocabulary(data.config.prepared_dir, "asr")
+  extra = [(asr_vocab.encode(s), data.vocab.encode(t)) for s, t in zip(sources, targets)]
+  rows = [np.full((len(extra), length), PAD_ID, np.int32) for _ in range(3)]
+  truncated = 0
+  for i, (src, tgt) in enumerate(extra):
+    truncated += len(src) > length - 1 or len(tgt) > length - 1
+    src, tgt = src[:length - 1], tgt[:length - 1]
+    rows[0][i, :len(src)], rows[0][i, len(src)] = src, EOS_ID
+    rows[1][i, 0], rows[1][i, 1:len(tgt) + 1] = EOS_ID, tgt
+    rows[2][i, :len(tgt)], rows[2][i, len(tgt)] = tgt, EOS_ID
+  source, prev, target = (np.concatenate([a, b]) for a, b in zip(
+      (pairs.source, pairs.prev, pairs.target), rows))
+  return TextPairs(source, prev, target, None, pairs.references + targets,
+                   pairs.truncated + truncated)
+
+
 def _padded_chunks(n: int, size: int):
   """(row indices [size], how many are real) covering range(n) in chunks of `size`; the last
   chunk repeats row 0 so that every chunk has one shape."""
@@ -286,6 +312,11 @@ def run_text_stage(config, workdir: str, log: logging.Logger) -> dict:
   dev_data = split_data(config, config.data.dev_split)
   length = mt.length or pair_length(train_data, MAX_PAIR_LENGTH)
   train, dev = text_pairs(train_data, length), text_pairs(dev_data, length)
+  if mt.text_only:
+    speech_pairs = len(train)
+    train = with_text_only(train, train_data, length)
+    log.info("stage mt: %d pairs of text without speech join the %d transcript pairs",
+             len(train) - speech_pairs, speech_pairs)
   trainer = make_trainer(config, train_data)
   log.info("stage mt: %d train / %d dev pairs of <= %d pieces a side (%d / %d cut), %d "
            "updates of %d pairs, text encoder %s", len(train), len(dev), length,
