@@ -24,7 +24,7 @@ Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
 
 from configs import default
 
-UPDATES = {"asr": 9000, "st": 4300}
+UPDATES = {"asr": 11000, "st": 4300}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
 LONG_UPDATES = {"asr": 16000, "st": 7000}    # `:long`: under an hour
 LONG_EVAL_EVERY = 2000

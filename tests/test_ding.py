@@ -153,10 +153,13 @@ def test_a_prepared_quickstart_refuses_an_embedded_corpus_of_another_spec(tmp_pa
   from multiformer_jax.training import data_setup
   config = quickstart.get_config("ding")
   config.data.root, config.data.prepared_dir = str(tmp_path / "corpus"), str(tmp_path / "prep")
+  e = config.data.embedded
+  e.recorded_train, e.real_test = "", ""       # no game fetched by this test
   (tmp_path / "prep").mkdir()
   (tmp_path / "prep" / "prepared.json").write_text("{}")
-  spec = spec_lib.CorpusSpec(text=("catalogs", "ding"), seed=config.data.embedded.seed,
-                       train_speakers_per_sentence=1, max_heldout=300)
+  spec = spec_lib.CorpusSpec(text=("catalogs", "ding"), seed=e.seed,
+                             train_speakers_per_sentence=1, max_heldout=300,
+                             narrowband_share=e.narrowband_share)
   marker = tmp_path / "corpus" / "en-de" / build.COMPLETE
   marker.parent.mkdir(parents=True)
   marker.write_text(json.dumps({"spec": build._spec_json(spec)}))
