@@ -218,7 +218,7 @@ def test_sky_lines_link_speech_to_three_languages(tmp_path):
   assert first.translations == {"de": "Größe: glühbirne für Käse",
                                 "es": "¿¡Están llenas! ¿Para qué sirve tú señor?"}
   assert lines[1].text == "I had to inspect item 33."
-  loaded = recorded.load_sky_audio(str(tmp_path), first)
+  loaded = recorded.load_sky_audio(steel_sky.Disk(str(tmp_path)), first)
   expected = (np.frombuffer(unpacked, np.uint8).astype(np.float32) - 128) / 128
   assert len(loaded.audio) == round(len(expected) * 16000 / 11025)
   # the PCM survives the resampling to 16 kHz: compare at the original rate

@@ -200,7 +200,7 @@ def _synthesize_direction(root: str, spec: CorpusSpec, source: str, plan: dict, 
           narrow_rng.random() < spec.narrowband_share)
       jobs.append((path, segments, spec.seed * 100003 + len(jobs), cache_dir, narrowband))
       meta.append((split, talk, segments))
-  entries_by_split = {s: [] for s in spec.splits()}
+  entries_by_split = {s: [] for s in plan}
   with multiprocessing.get_context("spawn").Pool(workers) as pool:
     results = pool.imap(_synthesize_talk, jobs, chunksize=1)
     bar = progress_bar(results, total=len(jobs), desc=f"synthesising {source}-{spec.target}",
@@ -325,10 +325,11 @@ def _real_splits(root: str, spec: CorpusSpec, target: str, tst_common: list[dict
         recorded.game_folder("queen", spec.package_cache()), recorded.Tally(),
         with_audio=False)}
   held_out = real_heldout_lines(lines, spec, excluded)
+  disk = recorded.steel_sky.Disk(folder)
   _write_text_only(root, "sky", "en", target, lines, held_out)
   splits = {}
   for split, chosen in zip(REAL_SPLITS, held_out):
-    chosen = [recorded.load_sky_audio(folder, line) for line in chosen]
+    chosen = [recorded.load_sky_audio(disk, line) for line in chosen]
     splits[split] = _recorded_talks(root, split, chosen, "en",
                                     lambda line: line.translations[target], spec.seed, progress)
   narrow_wav = os.path.join(root, "data", NARROWBAND_SPLIT, "wav")

@@ -187,9 +187,8 @@ def sky_lines(folder: str, tally: Tally, languages=("es", "de")) -> list[Recorde
   return found
 
 
-def load_sky_audio(folder: str, line: RecordedLine) -> RecordedLine:
-  """`line` with its recorded audio (16 kHz)."""
-  disk = steel_sky.Disk(folder)
+def load_sky_audio(disk: steel_sky.Disk, line: RecordedLine) -> RecordedLine:
+  """`line` with its recorded audio (16 kHz), read from the game's `disk`."""
   number = int(line.id.split("_")[1])
   samples = steel_sky.speech_samples(disk.read(steel_sky.speech_file(number)))
   return dataclasses.replace(line, audio=_to_16k(samples, steel_sky.SAMPLE_RATE))

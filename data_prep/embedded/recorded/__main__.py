@@ -12,7 +12,7 @@ import numpy as np
 
 from data_prep.common import cli_errors, packages
 from data_prep.embedded import recorded
-from data_prep.embedded.recorded import SAMPLE_RATE
+from data_prep.embedded.recorded import SAMPLE_RATE, steel_sky
 
 
 def _rates(lines) -> str:
@@ -39,7 +39,8 @@ def main(argv=None):
   folder = recorded.game_folder("sky", cache)
   sky = recorded.sky_lines(folder, tally)
   picked = np.random.default_rng(0).choice(len(sky), min(args.sample, len(sky)), replace=False)
-  sample = [recorded.load_sky_audio(folder, sky[i]) for i in sorted(picked)]
+  disk = steel_sky.Disk(folder)
+  sample = [recorded.load_sky_audio(disk, sky[i]) for i in sorted(picked)]
   seconds = np.mean([len(line.audio) for line in sample]) / SAMPLE_RATE
   print(f"Beneath a Steel Sky: {tally.summary()}\n  about {len(sky) * seconds / 3600:.2f} h "
         f"({len(sample)} lines decoded); {_rates(sample)}")
