@@ -3,22 +3,37 @@ write a results table like the thesis's Table 2 (markdown + CSV).
 
     python -m multiformer_jax.ablate --workdir runs/ablation \
         --configs configs/multiformer_full.py,configs/multiformer_h_lc.py,configs/s2t_v2.py \
-        --arg runlocal --set data.prepared_dir=data/prepared/embedded_en_de,asr.max_updates=300
+        --arg runlocal --set data.prepared_dir=data/prepared/embedded_en_es,asr.max_updates=300
 
-Each config runs as `python run.py --config=FILE:ARG --workdir=WORKDIR/NAME` (so a rerun
-resumes, and one failing config does not stop the others); `--table-only` just collects the
-evaluation JSONs already in the workdir. With `--seeds N` each config runs N times, seed k
-(train.seed = data.seed = k: initialisation, dropout, batch order) in WORKDIR/NAME/seed{k},
-and the table adds a row with the mean ± sample standard deviation over the seeds (the
-locality paper's Table 2 reports 5 seeds so).
+Each entry of --configs is a config file (run NAME = the file's name) or FILE:VARIANT (NAME =
+the variant), run as `python run.py --config=FILE[:VARIANT,...] --workdir=WORKDIR/NAME`, so a
+rerun resumes, a finished run (both stages and their evaluations there) is kept, and one
+failing entry does not stop the others. The entry `windows(NAME)` is the locality paper's
+efficient model: Algorithm 1 (`python -m multiformer_jax.analyze windows`, ST stage, 400
+utterances of dev) on run NAME's contributions selects per-layer windows, and NAME's config
+trains again with them. `--table-only` just collects the evaluation JSONs already there.
+
+With `--seeds N` each entry runs N times, seed k (train.seed = data.seed = k: initialisation,
+dropout, batch order) in WORKDIR/NAME/seed{k}, and the table adds a row with the mean ± sample
+standard deviation over the seeds (the locality paper's Table 2 reports 5 seeds so); a
+`windows(NAME)` entry analyses NAME's run of the same seed. `--jobs J` runs J seeds of an
+entry at once, each pinned to its share of the CPUs (its log in WORKDIR/NAME/seed{k}/run.log).
+`--share_stages mt` lets later entries reuse the first entry's finished text stage of the same
+seed (the text model does not depend on the encoder). `--splits` reports those evaluation
+splits side by side (ASR WER, ST BLEU and chrF each); the table also carries each run's last
+dev WER / BLEU (eval.score_dev) and its median seconds per update of each stage, and
+WORKDIR/scores_vs_time.png draws each entry's scores (mean ± std) against those seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -27,10 +42,68 @@ from data_prep.common import cli_errors
 
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
            "asr_wer_by_task", "st_bleu_by_task", "reported_bleu", "reported_wer",
-           "reported_averages", "train_wall_s", "status")
+           "reported_averages", "dev_wer", "dev_bleu", "asr_update_s", "st_update_s",
+           "train_wall_s", "status")
+HEADERS = {"config": "config", "encoder_layout": "encoder layout", "asr_wer": "ASR WER ↓",
+           "st_bleu": "ST BLEU ↑", "asr_wer_avg": "WER average over languages",
+           "st_bleu_avg": "BLEU averages over directions", "asr_wer_by_task": "WER per task",
+           "st_bleu_by_task": "BLEU per task", "reported_bleu": "paper BLEU",
+           "reported_wer": "paper WER", "reported_averages": "paper averages",
+           "dev_wer": "dev WER", "dev_bleu": "dev BLEU", "asr_update_s": "ASR s/update",
+           "st_update_s": "ST s/update", "train_wall_s": "train s", "status": "status"}
+# The per-split columns (--splits): metric key of results.json, stage, header.
+SPLIT_METRICS = (("wer", "asr", "WER"), ("bleu", "st", "BLEU"), ("chrf", "st", "chrF"))
+# Numbers the seeds' summary row averages.
+AVERAGED = ("asr_wer", "st_bleu", "dev_wer", "dev_bleu", "asr_update_s", "st_update_s")
 # Which per-tag scores of results.json make the per-task columns, in order of preference
 # (the model's own task tag first).
 TASK_TAG_PREFERENCE = ("pair", "source_lang", "target_lang", "domain")
+WINDOWS_ENTRY = re.compile(r"windows\((\w+)\)$")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def split_columns(splits) -> tuple[str, ...]:
+  """'tst-COMMON' -> ('wer tst-COMMON', 'bleu tst-COMMON', 'chrf tst-COMMON')."""
+  return tuple(f"{metric} {split}" for split in splits for metric, _, _ in SPLIT_METRICS)
+
+
+def table_columns(splits=()) -> tuple[str, ...]:
+  at = COLUMNS.index("reported_bleu")
+  return COLUMNS[:at] + split_columns(splits) + COLUMNS[at:]
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One entry of --configs: run NAME from config file PATH (with VARIANT), or the efficient
+  model whose windows come from run WINDOWS_FROM."""
+  name: str
+  path: str = ""
+  variant: str = ""
+  windows_from: str = ""
+
+
+def parse_entries(text: str) -> list[Entry]:
+  entries = []
+  for item in (x.strip() for x in text.split(",")):
+    if not item:
+      continue
+    match = WINDOWS_ENTRY.match(item)
+    if match:
+      entries.append(Entry(f"windows_{match.group(1)}", windows_from=match.group(1)))
+      continue
+    path, _, variant = item.partition(":")
+    if not path.endswith(".py"):
+      raise ValueError(f"--configs entry {item!r}: expected FILE.py, FILE.py:VARIANT or "
+                       f"windows(NAME)")
+    entries.append(Entry(variant or run_name(path), path, variant))
+  names = [e.name for e in entries]
+  for e in entries:
+    if names.count(e.name) > 1:
+      raise ValueError(f"--configs: two entries run as {e.name!r}; give them other variants")
+    if e.windows_from and e.windows_from not in names[:names.index(e.name)]:
+      raise ValueError(f"--configs entry windows({e.windows_from}): no entry before it runs as "
+                       f"{e.windows_from!r}; valid: {names[:names.index(e.name)]}")
+  return entries
 
 
 def by_task(results: dict, metric: str) -> str:
@@ -55,10 +128,47 @@ def run_name(config_path: str) -> str:
   return os.path.splitext(os.path.basename(config_path))[0]
 
 
-def collect_row(workdir: str, name: str, status: str = "", split: str | None = None) -> dict:
+def median_update_s(stage_dir: str) -> float | str:
+  """The median seconds per update logged by a stage (its first 30 updates, compilation and
+  warm-up, left out); '' without a log."""
+  path = os.path.join(stage_dir, "log.jsonl")
+  if not os.path.exists(path):
+    return ""
+  times = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      record = json.loads(line)
+      if "step_time_s" in record and record.get("step", 0) > 30:
+        times.append(record["step_time_s"])
+  return round(statistics.median(times), 4) if times else ""
+
+
+def last_dev_score(stage_dir: str, key: str) -> float | str:
+  """The last dev score (eval.score_dev's dev_wer / dev_bleu) a stage logged; '' if none."""
+  path = os.path.join(stage_dir, "log.jsonl")
+  value = ""
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        record = json.loads(line)
+        value = record.get(key, value)
+  return value
+
+
+def read_results(stage_dir: str, split: str) -> dict | None:
+  path = os.path.join(stage_dir, f"eval_{split}", "results.json")
+  if not os.path.exists(path):
+    return None
+  with open(path, encoding="utf-8") as f:
+    return json.load(f)
+
+
+def collect_row(workdir: str, name: str, status: str = "", split: str | None = None,
+                splits=()) -> dict:
   """One table row from a run's saved config and the evaluation results of `split` (default:
-  the config's data.test_split; without a saved config, whichever split was evaluated)."""
-  row = {c: "" for c in COLUMNS}
+  the config's data.test_split; without a saved config, whichever split was evaluated), plus
+  the columns of each of `splits`."""
+  row = {c: "" for c in table_columns(splits)}
   row["config"], row["status"] = name, status
   config_path = os.path.join(workdir, "config.json")
   if os.path.exists(config_path):
@@ -82,6 +192,13 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
         row[column] = evaluation[key]
         row[f"{column}_by_task"] = by_task(evaluation, key)
         row[f"{column}_avg"] = averages(evaluation)
+    for other in splits:
+      evaluation = read_results(stage_dir, other)
+      for metric, metric_stage, _ in SPLIT_METRICS:
+        if evaluation and metric_stage == stage:
+          row[f"{metric} {other}"] = evaluation.get(metric, "")
+    row[f"dev_{key}"] = last_dev_score(stage_dir, f"dev_{key}")
+    row[f"{stage}_update_s"] = median_update_s(stage_dir)
     done = os.path.join(stage_dir, "DONE.json")
     if os.path.exists(done):
       with open(done, encoding="utf-8") as f:
@@ -92,91 +209,231 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
   return row
 
 
-def mean_std(values) -> str:
+def finished(workdir: str, splits) -> bool:
+  """Whether both stages of a run finished and were evaluated on every one of `splits` (on some
+  split, without `splits`): a rerun of the ablation keeps such a run as it is."""
+  for stage in ("asr", "st"):
+    stage_dir = os.path.join(workdir, stage)
+    if not os.path.exists(os.path.join(stage_dir, "DONE.json")):
+      return False
+    evaluated = [e[len("eval_"):] for e in (os.listdir(stage_dir)) if e.startswith("eval_") and
+                 os.path.exists(os.path.join(stage_dir, e, "results.json"))]
+    if not evaluated or any(s not in evaluated for s in splits):
+      return False
+  return True
+
+
+def mean_std(values, digits: int = 2) -> str:
   """'22.49 ± 0.11' (sample standard deviation) of the numbers among `values`; '' if none."""
   numbers = [float(v) for v in values if isinstance(v, (int, float))]
   if not numbers:
     return ""
   std = statistics.stdev(numbers) if len(numbers) > 1 else 0.0
-  return f"{statistics.mean(numbers):.2f} ± {std:.2f}"
+  return f"{statistics.mean(numbers):.{digits}f} ± {std:.{digits}f}"
 
 
-def seeds_row(rows: list[dict], name: str) -> dict:
+def seeds_row(rows: list[dict], name: str, splits=()) -> dict:
   """The summary row of one config's runs over seeds: mean ± std of the scores, the summed
   training time, and how many seeds finished."""
-  row = {c: "" for c in COLUMNS}
+  row = {c: "" for c in table_columns(splits)}
   row["config"] = f"{name} (mean ± std, {len(rows)} seeds)"
   row["encoder_layout"] = next((r["encoder_layout"] for r in rows if r["encoder_layout"]), "")
-  for column in ("asr_wer", "st_bleu"):
-    row[column] = mean_std(r[column] for r in rows)
+  for column in AVERAGED + split_columns(splits):
+    row[column] = mean_std((r[column] for r in rows), 4 if column.endswith("update_s") else 2)
   for column in ("reported_bleu", "reported_wer", "reported_averages"):
     row[column] = rows[0][column] if rows else ""
   walls = [r["train_wall_s"] for r in rows if isinstance(r["train_wall_s"], (int, float))]
   row["train_wall_s"] = round(sum(walls), 1) if walls else ""
-  done = sum(r["status"] == "done" for r in rows)
+  done = sum(r["status"].startswith("done") for r in rows)
   row["status"] = f"{done} of {len(rows)} done"
   return row
 
 
-def write_table(rows: list[dict], out_dir: str) -> tuple[str, str]:
+def write_table(rows: list[dict], out_dir: str, splits=()) -> tuple[str, str]:
+  columns = table_columns(splits)
   os.makedirs(out_dir, exist_ok=True)
   csv_path = os.path.join(out_dir, "results.csv")
   with open(csv_path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=COLUMNS)
+    writer = csv.DictWriter(f, fieldnames=columns)
     writer.writeheader()
     writer.writerows(rows)
   md_path = os.path.join(out_dir, "results.md")
-  header = ("| config | encoder layout | ASR WER ↓ | ST BLEU ↑ | WER average over languages | "
-            "BLEU averages over directions | WER per task | BLEU per task | paper BLEU | "
-            "paper WER | paper averages | train s | status |")
-  lines = [header, "|" + "---|" * len(COLUMNS)]
+  headers = [HEADERS.get(c) or _split_header(c) for c in columns]
+  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
   for r in rows:
     cells = [f"`{r[c]}`" if c == "encoder_layout" else
-             "—" if r[c] == "" else str(r[c]).replace("|", "\\|") for c in COLUMNS]
+             "—" if r[c] == "" else str(r[c]).replace("|", "\\|") for c in columns]
     lines.append("| " + " | ".join(cells) + " |")
   with open(md_path, "w", encoding="utf-8") as f:
     f.write("\n".join(lines) + "\n")
   return md_path, csv_path
 
 
+def _split_header(column: str) -> str:
+  metric, split = column.split(" ", 1)
+  arrow = "↓" if metric == "wer" else "↑"
+  return f"{split} {dict((m, h) for m, _, h in SPLIT_METRICS)[metric]} {arrow}"
+
+
+def _numbers(rows: list[dict], column: str) -> list[float]:
+  return [float(r[column]) for r in rows if isinstance(r.get(column), (int, float))]
+
+
+def plot_scores_against_time(runs: dict[str, list[dict]], path: str, splits=()) -> str | None:
+  """Per entry, mean ± std over its seeds of ST BLEU and ASR WER (each of `splits`, else the
+  test split) against the runs' median seconds per ASR update: what a layout buys and costs."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  panels = ([(f"bleu {s}", f"{s} ST BLEU") for s in splits] +
+            [(f"wer {s}", f"{s} ASR WER") for s in splits]) or [
+                ("st_bleu", "ST BLEU"), ("asr_wer", "ASR WER")]
+  panels = [(c, t) for c, t in panels
+            if any(_numbers(rows, c) for rows in runs.values())]
+  if not panels or not any(_numbers(rows, "asr_update_s") for rows in runs.values()):
+    return None
+  fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.4), squeeze=False)
+  for ax, (column, title) in zip(axes[0], panels):
+    for name, rows in runs.items():
+      x, y = _numbers(rows, "asr_update_s"), _numbers(rows, column)
+      if not x or not y:
+        continue
+      ax.errorbar(statistics.mean(x), statistics.mean(y),
+                  yerr=statistics.stdev(y) if len(y) > 1 else 0, fmt="o", capsize=3)
+      ax.annotate(name, (statistics.mean(x), statistics.mean(y)), fontsize=8,
+                  xytext=(4, 4), textcoords="offset points")
+    ax.set_xlabel("s per ASR update (runs' median)")
+    ax.set_title(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return path
+
+
+def cpu_shares(jobs: int) -> list[list[int]]:
+  """This process's CPUs split into `jobs` contiguous shares (at least one CPU each)."""
+  cpus = sorted(os.sched_getaffinity(0))
+  if jobs > len(cpus):
+    raise ValueError(f"--jobs {jobs}: this process may use {len(cpus)} CPUs; give at most "
+                     f"{len(cpus)}")
+  size = len(cpus) // jobs
+  return [cpus[i * size:(i + 1) * size] for i in range(jobs)]
+
+
+def run_commands(commands: list[tuple[list[str], str]], jobs: int) -> list[int]:
+  """Runs (command, log path) pairs `jobs` at a time and returns their exit codes. One job:
+  in this terminal. More: each on its own share of the CPUs (XLA's CPU thread pool follows the
+  affinity; on one CPU, Eigen's threading is turned off), its output in its log."""
+  if jobs == 1:
+    return [subprocess.run(cmd, check=False).returncode for cmd, _ in commands]
+  codes = []
+  for start in range(0, len(commands), jobs):
+    running = []
+    for (cmd, log_path), cpus in zip(commands[start:start + jobs], cpu_shares(jobs)):
+      env = dict(os.environ)
+      if len(cpus) == 1:
+        env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
+                            ).strip()
+      os.makedirs(os.path.dirname(log_path), exist_ok=True)
+      log = open(log_path, "a", encoding="utf-8")   # pylint: disable=consider-using-with
+      running.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                       preexec_fn=lambda c=cpus: os.sched_setaffinity(0, c)),
+                      log))
+    for process, log in running:
+      codes.append(process.wait())
+      log.close()
+  return codes
+
+
+def share_stages(stages, source: str, target: str) -> None:
+  """Copies each finished stage of run `source` that run `target` does not have yet."""
+  for stage in stages:
+    done = os.path.join(source, stage, "DONE.json")
+    if os.path.exists(done) and not os.path.exists(os.path.join(target, stage)):
+      shutil.copytree(os.path.join(source, stage), os.path.join(target, stage))
+
+
+def windows_config(source: str, workdir: str) -> str:
+  """Algorithm 1 on run `source`'s ST stage (400 dev utterances): its table, plots and the
+  efficient model's config under WORKDIR/windows; returns the config's path (kept on rerun)."""
+  out = os.path.join(workdir, "windows")
+  path = os.path.join(out, "config.py")
+  if not os.path.exists(path):
+    if not os.path.exists(os.path.join(source, "st", "DONE.json")):
+      raise FileNotFoundError(f"windows: run {source} has no finished ST stage to analyse")
+    subprocess.run([sys.executable, "-m", "multiformer_jax.analyze", "windows", "--workdir",
+                    source, "--stage", "st", "--num_utterances", "400", "--out", out,
+                    "--config_out", path], check=True, cwd=REPO)
+  return path
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-  parser.add_argument("--configs", required=True, help="comma-separated config files")
+  parser.add_argument("--configs", required=True,
+                      help="comma-separated entries: FILE.py, FILE.py:VARIANT or windows(NAME)")
   parser.add_argument("--workdir", required=True)
   parser.add_argument("--arg", default="", help="variant passed to every config (file.py:ARG)")
   parser.add_argument("--set", default="", help="comma-separated key=value for every config")
   parser.add_argument("--table-only", action="store_true")
   parser.add_argument("--seeds", type=int, default=1,
                       help="runs per config with seeds 1..N (mean ± std rows); default 1")
+  parser.add_argument("--jobs", type=int, default=1,
+                      help="runs of one entry (its seeds) at once, each on its share of the "
+                           "CPUs; default 1")
+  parser.add_argument("--share_stages", default="",
+                      help="comma-separated stages (mt) later entries copy from the first "
+                           "entry's run of the same seed")
+  parser.add_argument("--splits", default="",
+                      help="comma-separated evaluation splits reported side by side")
   args = parser.parse_args(argv)
   if args.seeds < 1:
     parser.error(f"--seeds {args.seeds}: give a number of seeds >= 1")
-  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  rows = []
-  for path in [p for p in args.configs.split(",") if p]:
-    name = run_name(path)
-    runs = [(os.path.join(args.workdir, name), name, "")] if args.seeds == 1 else [
-        (os.path.join(args.workdir, name, f"seed{k}"), f"{name} (seed {k})",
-         f"train.seed={k},data.seed={k}") for k in range(1, args.seeds + 1)]
-    config_rows = []
-    for workdir, label, seed_set in runs:
-      status = ""
-      if not args.table_only:
-        variant = ",".join(x for x in (args.arg, args.set, seed_set,
+  if args.jobs < 1:
+    parser.error(f"--jobs {args.jobs}: give a number of runs at once >= 1")
+  entries = parse_entries(args.configs)
+  splits = [s for s in args.splits.split(",") if s]
+  shared = [s for s in args.share_stages.split(",") if s]
+  folders = {e.name: (lambda k, n=e.name: os.path.join(args.workdir, n) if args.seeds == 1
+                      else os.path.join(args.workdir, n, f"seed{k}")) for e in entries}
+  rows, runs = [], {}
+  for index, entry in enumerate(entries):
+    seeds = list(range(1, args.seeds + 1))
+    labels = [entry.name if args.seeds == 1 else f"{entry.name} (seed {k})" for k in seeds]
+    status = {k: "" for k in seeds}
+    if not args.table_only:
+      commands, launched = [], []
+      for k in seeds:
+        workdir = folders[entry.name](k)
+        if finished(workdir, splits):
+          status[k] = "done (kept)"
+          continue
+        if index > 0:
+          share_stages(shared, folders[entries[0].name](k), workdir)
+        path, variant = entry.path, entry.variant
+        if entry.windows_from:
+          path = windows_config(folders[entry.windows_from](k), workdir)
+        seed_set = f"train.seed={k},data.seed={k}" if args.seeds > 1 else ""
+        variant = ",".join(x for x in (variant, args.arg, args.set, seed_set,
                                        "eval.after_training=true") if x)
-        cmd = [sys.executable, os.path.join(repo, "run.py"), f"--config={path}:{variant}",
+        cmd = [sys.executable, os.path.join(REPO, "run.py"), f"--config={path}:{variant}",
                f"--workdir={workdir}"]
         print("running:", " ".join(cmd), flush=True)
-        result = subprocess.run(cmd, check=False)
-        status = "done" if result.returncode == 0 else f"failed (exit {result.returncode})"
-      config_rows.append(collect_row(workdir, label, status))
+        commands.append((cmd, os.path.join(workdir, "run.log")))
+        launched.append(k)
+      for k, code in zip(launched, run_commands(commands, args.jobs)):
+        status[k] = "done" if code == 0 else f"failed (exit {code})"
+    config_rows = [collect_row(folders[entry.name](k), label, status[k], splits=splits)
+                   for k, label in zip(seeds, labels)]
     rows += config_rows
+    runs[entry.name] = config_rows
     if args.seeds > 1:
-      rows.append(seeds_row(config_rows, name))
-  md_path, csv_path = write_table(rows, args.workdir)
+      rows.append(seeds_row(config_rows, entry.name, splits))
+  md_path, csv_path = write_table(rows, args.workdir, splits)
   with open(md_path, encoding="utf-8") as f:
     print(f.read())
-  print(f"wrote {md_path} and {csv_path}")
+  figure = plot_scores_against_time(runs, os.path.join(args.workdir, "scores_vs_time.png"),
+                                    splits)
+  print(f"wrote {md_path} and {csv_path}" + (f" and {figure}" if figure else ""))
 
 
 # The command line and console script: user errors -> their message and exit status 2.

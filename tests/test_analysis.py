@@ -1,9 +1,11 @@
 """The analyses: exact contribution decomposition for every head kind, diagonality metrics and
 Algorithm 1 on known matrices, head blocks of W_o, and the three commands on a trained run."""
 
+import csv
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -192,6 +194,11 @@ def trained_run(prepared, tmp_path_factory):
   return workdir
 
 
+def saved_name(workdir):
+  with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+    return json.load(f)["name"]
+
+
 def _nonempty(path):
   """PNGs of real figures are kilobytes; tables have a header and rows."""
   assert os.path.exists(path), path
@@ -226,6 +233,25 @@ def test_the_three_commands_write_plots_tables_and_a_runnable_config(trained_run
     rows = f.read().splitlines()[1:]
   assert len(rows) == 2 * 2 and all(0 < float(r.split(",")[2]) <= 1 for r in rows)
 
+  # Runs compared (an ablation's layouts): one CCD plot, per-run files, the same run's CCDs.
+  other = str(tmp_path / "other_run")
+  shutil.copytree(trained_run, other)
+  with open(os.path.join(other, "config.json"), encoding="utf-8") as f:
+    saved = json.load(f)
+  saved["name"] = "renamed"
+  with open(os.path.join(other, "config.json"), "w", encoding="utf-8") as f:
+    json.dump(saved, f)
+  compared = str(tmp_path / "compared")
+  analyze.main(["contributions", "--stages", "st", "--compare", other] +
+               common[:-3] + ["--out", compared, "--no_progress"])
+  name = saved_name(trained_run)
+  for tag in (name, "renamed"):
+    _nonempty(os.path.join(compared, f"contributions_st_{tag}.png"))
+  with open(os.path.join(compared, "ccd.csv"), encoding="utf-8") as f:
+    compared_rows = list(csv.DictReader(f))
+  assert [r["run"] for r in compared_rows] == [name] * 2 + ["renamed"] * 2
+  assert [r["ccd_mean"] for r in compared_rows[:2]] == [r["ccd_mean"] for r in compared_rows[2:]]
+
   config_path = str(tmp_path / "generated_windows.py")
   analyze.main(["windows", "--stage", "st", "--full_layers", "1", "--config_out",
                 config_path] + common)
@@ -242,13 +268,15 @@ def test_the_three_commands_write_plots_tables_and_a_runnable_config(trained_run
   # run.py trains the generated config as is (two updates per stage, overrides on the CLI).
   workdir = str(tmp_path / "efficient")
   result = subprocess.run(
-      [sys.executable, "run.py", f"--config={config_path}", f"--workdir={workdir}",
+      [sys.executable, "run.py", f"--config={config_path}:train.seed=3", f"--workdir={workdir}",
        "--config.asr.max_updates=2", "--config.st.max_updates=2", "--config.asr.eval_every=2",
        "--config.st.eval_every=2"], cwd=REPO, capture_output=True, text=True, timeout=600,
       check=False)
   assert result.returncode == 0, result.stderr[-3000:]
   with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
-    assert json.load(f)["model"]["encoder_layout"] == config.model.encoder_layout
+    saved = json.load(f)
+  assert saved["model"]["encoder_layout"] == config.model.encoder_layout
+  assert saved["train"]["seed"] == 3
   assert os.path.exists(os.path.join(workdir, "st", "DONE.json"))
 
 

@@ -172,3 +172,43 @@ def test_the_paper_multilingual_configs_key_and_split_their_data_as_the_paper():
   assert adapters.model.task_tag == "pair"
   domain = hs.get_config("domain")
   assert (domain.model.task_tag, domain.model.encoder_task_tag) == ("domain", "")
+
+
+def _flat(config, prefix=""):
+  """{'model.encoder_layout': value, ...} of a ConfigDict."""
+  out = {}
+  for key, value in config.items():
+    if hasattr(value, "items"):
+      out.update(_flat(value, f"{prefix}{key}."))
+    else:
+      out[f"{prefix}{key}"] = value
+  return out
+
+
+def _changed(a, b):
+  flat_a, flat_b = _flat(a), _flat(b)
+  return {k for k in flat_a.keys() | flat_b.keys() if flat_a.get(k) != flat_b.get(k)}
+
+
+# The layout ablation's variants and the thesis configs whose Table 2-3 figures they carry.
+ABLATION_THESIS_CONFIGS = {"full": "multiformer_full", "local": "multiformer_local",
+                           "kernel": "multiformer_fast", "conv": "multiformer_conv_5_2",
+                           "mixed": "s2t_v2"}
+
+
+@pytest.mark.parametrize("variant", sorted(ABLATION_THESIS_CONFIGS))
+def test_layout_ablation_variants_change_only_the_encoder_layout(variant):
+  from configs import layout_ablation, quickstart
+  base = layout_ablation.get_config()
+  config = layout_ablation.get_config(variant)
+  assert _changed(base, config) <= {"name", "model.encoder_layout", "reported.bleu",
+                                    "reported.wer", "reported.source"}
+  # The ablation is the quickstart with fewer updates and beam 5: the same corpus and model.
+  assert _changed(quickstart.get_config(), base) == {
+      "name", "asr.max_updates", "st.max_updates", "asr.eval_every", "st.eval_every",
+      "data.extra_test_splits", "eval.beam"}
+  thesis = importlib.import_module(f"configs.{ABLATION_THESIS_CONFIGS[variant]}").get_config()
+  assert (config.reported.bleu, config.reported.wer) == (thesis.reported.bleu,
+                                                        thesis.reported.wer)
+  assert config.model.encoder_layout.split("x(")[1] == thesis.model.encoder_layout.split(
+      "x(")[1] or variant in ("kernel", "mixed")   # 6 layers of the thesis's 12; kernel: hd 32

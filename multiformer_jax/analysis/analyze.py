@@ -5,7 +5,7 @@
 
     # Pre-LN token contributions, D(w, l) and CCD per layer, ASR and ST on one plot (paper fig. 2-5)
     python -m multiformer_jax.analyze contributions --workdir runs/v2 --stages asr st \
-        --out analysis/v2 [--show_diagonal]
+        --out analysis/v2 [--show_diagonal] [--compare runs/full runs/local ...]
 
     # Window selection (Algorithm 1) -> Table-1-style table and a config run.py trains as is
     python -m multiformer_jax.analyze windows --workdir runs/v2 --stage st --num_utterances 400 \
@@ -162,27 +162,31 @@ def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterance
                           residual: bool = True) -> dict:
   os.makedirs(out_dir, exist_ok=True)
   series, rows, paths = {}, [], {}
+  several = len({run.config.name for run in runs}) > 1     # runs compared: files per run
   for run in runs:
     stats, matrices, index = collect_contributions(run, num_utterances, batch_size, seed,
                                                    example, progress=progress,
                                                    residual=residual)
     count = stats.count
     utt = run.data.ids[index]
-    paths[f"contributions_{run.stage}"] = plots.contribution_matrices(
+    tag = f"{run.stage}_{run.config.name}" if several else run.stage
+    paths[f"contributions_{tag}"] = plots.contribution_matrices(
         matrices, f"{run.stage.upper()} contributions, utterance {utt}"
+        + (f", {run.config.name}" if several else "")
         + (" (main diagonal hidden)" if hide_diagonal else ""),
-        os.path.join(out_dir, f"contributions_{run.stage}.png"), hide_diagonal)
-    paths[f"diagonality_{run.stage}"] = plots.diagonality_curves(
+        os.path.join(out_dir, f"contributions_{tag}.png"), hide_diagonal)
+    paths[f"diagonality_{tag}"] = plots.diagonality_curves(
         [diag.diagonality_curve(c) for c in matrices],
         f"{run.stage.upper()} D(w, l), utterance {utt}",
-        os.path.join(out_dir, f"diagonality_{run.stage}.png"))
+        os.path.join(out_dir, f"diagonality_{tag}.png"))
     mean, std = stats.ccd_mean_std()
     area_mean, area_std = stats.ccd_mean_std(diag.curve_area_unnormalised)
     series[f"{run.stage.upper()} ({run.config.name})"] = (mean, std)
     for l in range(len(mean)):
       rows.append({"stage": run.stage, "layer": l + 1, "ccd_mean": float(mean[l]),
                    "ccd_std": float(std[l]), "ccd_area_mean": float(area_mean[l]),
-                   "ccd_area_std": float(area_std[l]), "utterances": count})
+                   "ccd_area_std": float(area_std[l]), "utterances": count,
+                   "run": run.config.name})
   paths["ccd"] = plots.ccd_by_layer(series, f"CCD per layer ({count} utterances of "
                                     f"{runs[0].data.split})", os.path.join(out_dir, "ccd.png"))
   paths["table"] = write_table(rows, os.path.join(out_dir, "ccd"),
@@ -238,22 +242,25 @@ from {_source(run, count)}.
 Layout: {layout}
 
 Run:  python run.py --config={path} --workdir=runs/{name}
+      (variants and key=value after a colon, as every config: {path}:train.seed=2)
 """
 
 import json
 
 import ml_collections
 
+from configs import default
+
 ANALYSED_CONFIG = json.loads({json.dumps(json.dumps(config, indent=1))})
 ENCODER_LAYOUT = {layout!r}
 
 
-def get_config():
+def get_config(arg=None):
   config = ml_collections.ConfigDict(ANALYSED_CONFIG)
   config.name = {name!r}
   config.model.encoder_layout = ENCODER_LAYOUT
-  config.reported = ml_collections.ConfigDict({{"bleu": None, "wer": None, "source": ""}})
-  return config
+  config.reported = ml_collections.ConfigDict({{"bleu": -1.0, "wer": -1.0, "source": ""}})
+  return default.apply_arg(config, arg)
 '''
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
@@ -372,6 +379,10 @@ def main(argv=None):
       "--show_diagonal", action="store_true",
       help="draw the main diagonal too; by default it is hidden, as in the locality paper's "
            "figures: it holds most of each row and would leave the rest of the map blank")
+  contributions.add_argument(
+      "--compare", nargs="*", default=[],
+      help="more run directories analysed the same way: their CCD per layer on one plot "
+           "(e.g. the layouts of an ablation); per-run files are named after each config")
   _contribution_options(contributions)
   windows = sub.add_parser("windows", help="Algorithm 1 window selection and a config")
   _common(windows)
@@ -411,7 +422,9 @@ def main(argv=None):
   if args.command == "heads":
     result = analyze_heads(load(args.stage), args.out, **common)
   elif args.command == "contributions":
-    result = analyze_contributions([load(s) for s in args.stages], args.out,
+    runs = [internals.load_run(workdir, stage, args.split, args.checkpoint, args.average_last)
+            for workdir in [args.workdir] + args.compare for stage in args.stages]
+    result = analyze_contributions(runs, args.out,
                                    example=args.example, hide_diagonal=not args.show_diagonal,
                                    residual=not args.no_residual, **common)
   else:
