@@ -411,7 +411,11 @@ def main(argv=None):
           share_stages(shared, folders[entries[0].name](k), workdir)
         path, variant = entry.path, entry.variant
         if entry.windows_from:
-          path = windows_config(folders[entry.windows_from](k), workdir)
+          try:
+            path = windows_config(folders[entry.windows_from](k), workdir)
+          except (FileNotFoundError, subprocess.CalledProcessError) as error:
+            status[k] = f"failed (windows: {error})"     # the other runs go on
+            continue
         seed_set = f"train.seed={k},data.seed={k}" if args.seeds > 1 else ""
         variant = ",".join(x for x in (variant, args.arg, args.set, seed_set,
                                        "eval.after_training=true") if x)

@@ -146,3 +146,16 @@ def test_jobs_run_side_by_side_on_their_own_cpus(tmp_path):
   assert all(len(cpus) >= 1 for cpus, _ in shares)
   if len(shares[0][0]) == 1:
     assert "--xla_cpu_multi_thread_eigen=false" in shares[0][1]
+
+
+def test_a_windows_entry_without_its_source_run_fails_alone(tmp_path, monkeypatch):
+  commands = []
+  monkeypatch.setattr(ablate.subprocess, "run", lambda cmd, check: (
+      commands.append(cmd), subprocess.CompletedProcess(cmd, 1))[1])   # full's run fails
+  ablate.main(["--configs", "configs/layouts.py:full,windows(full)", "--workdir",
+               str(tmp_path)])
+  assert len(commands) == 1                       # no analysis of a run that did not finish
+  with open(tmp_path / "results.csv", encoding="utf-8") as f:
+    rows = list(csv.DictReader(f))
+  assert [r["status"][:22] for r in rows] == ["failed (exit 1)", "failed (windows: windo"]
+  assert "has no finished ST stage to analyse" in rows[1]["status"]
