@@ -39,6 +39,7 @@ import subprocess
 import sys
 
 from data_prep.common import cli_errors
+from multiformer_jax.training import curves
 
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
            "asr_wer_by_task", "st_bleu_by_task", "reported_bleu", "reported_wer",
@@ -59,6 +60,8 @@ AVERAGED = ("asr_wer", "st_bleu", "dev_wer", "dev_bleu", "asr_update_s", "st_upd
 # (the model's own task tag first).
 TASK_TAG_PREFERENCE = ("pair", "source_lang", "target_lang", "domain")
 WINDOWS_ENTRY = re.compile(r"windows\((\w+)\)$")
+# Updates left out of the median seconds per update: compilation and warm-up.
+WARM_UP_UPDATES = 30
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -128,33 +131,6 @@ def run_name(config_path: str) -> str:
   return os.path.splitext(os.path.basename(config_path))[0]
 
 
-def median_update_s(stage_dir: str) -> float | str:
-  """The median seconds per update logged by a stage (its first 30 updates, compilation and
-  warm-up, left out); '' without a log."""
-  path = os.path.join(stage_dir, "log.jsonl")
-  if not os.path.exists(path):
-    return ""
-  times = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      record = json.loads(line)
-      if "step_time_s" in record and record.get("step", 0) > 30:
-        times.append(record["step_time_s"])
-  return round(statistics.median(times), 4) if times else ""
-
-
-def last_dev_score(stage_dir: str, key: str) -> float | str:
-  """The last dev score (eval.score_dev's dev_wer / dev_bleu) a stage logged; '' if none."""
-  path = os.path.join(stage_dir, "log.jsonl")
-  value = ""
-  if os.path.exists(path):
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        record = json.loads(line)
-        value = record.get(key, value)
-  return value
-
-
 def read_results(stage_dir: str, split: str) -> dict | None:
   path = os.path.join(stage_dir, f"eval_{split}", "results.json")
   if not os.path.exists(path):
@@ -197,8 +173,12 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
       for metric, metric_stage, _ in SPLIT_METRICS:
         if evaluation and metric_stage == stage:
           row[f"{metric} {other}"] = evaluation.get(metric, "")
-    row[f"dev_{key}"] = last_dev_score(stage_dir, f"dev_{key}")
-    row[f"{stage}_update_s"] = median_update_s(stage_dir)
+    train_rows, dev_rows = curves.read_log(stage_dir)
+    row[f"dev_{key}"] = next((r[f"dev_{key}"] for r in reversed(dev_rows) if f"dev_{key}" in r),
+                             "")                   # eval.score_dev's last dev WER / BLEU
+    times = [r["step_time_s"] for r in train_rows
+             if "step_time_s" in r and r["step"] > WARM_UP_UPDATES]
+    row[f"{stage}_update_s"] = round(statistics.median(times), 4) if times else ""
     done = os.path.join(stage_dir, "DONE.json")
     if os.path.exists(done):
       with open(done, encoding="utf-8") as f:
@@ -393,8 +373,10 @@ def main(argv=None):
   entries = parse_entries(args.configs)
   splits = [s for s in args.splits.split(",") if s]
   shared = [s for s in args.share_stages.split(",") if s]
-  folders = {e.name: (lambda k, n=e.name: os.path.join(args.workdir, n) if args.seeds == 1
-                      else os.path.join(args.workdir, n, f"seed{k}")) for e in entries}
+
+  def run_dir(name: str, seed: int) -> str:
+    base = os.path.join(args.workdir, name)
+    return base if args.seeds == 1 else os.path.join(base, f"seed{seed}")
   rows, runs = [], {}
   for index, entry in enumerate(entries):
     seeds = list(range(1, args.seeds + 1))
@@ -403,16 +385,16 @@ def main(argv=None):
     if not args.table_only:
       commands, launched = [], []
       for k in seeds:
-        workdir = folders[entry.name](k)
+        workdir = run_dir(entry.name, k)
         if finished(workdir, splits):
           status[k] = "done (kept)"
           continue
         if index > 0:
-          share_stages(shared, folders[entries[0].name](k), workdir)
+          share_stages(shared, run_dir(entries[0].name, k), workdir)
         path, variant = entry.path, entry.variant
         if entry.windows_from:
           try:
-            path = windows_config(folders[entry.windows_from](k), workdir)
+            path = windows_config(run_dir(entry.windows_from, k), workdir)
           except (FileNotFoundError, subprocess.CalledProcessError) as error:
             status[k] = f"failed (windows: {error})"     # the other runs go on
             continue
@@ -426,7 +408,7 @@ def main(argv=None):
         launched.append(k)
       for k, code in zip(launched, run_commands(commands, args.jobs)):
         status[k] = "done" if code == 0 else f"failed (exit {code})"
-    config_rows = [collect_row(folders[entry.name](k), label, status[k], splits=splits)
+    config_rows = [collect_row(run_dir(entry.name, k), label, status[k], splits=splits)
                    for k, label in zip(seeds, labels)]
     rows += config_rows
     runs[entry.name] = config_rows

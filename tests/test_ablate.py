@@ -25,9 +25,9 @@ def _fake_run(workdir, wer, bleu, splits=("tst-COMMON",), layout="12x(4*full)"):
       json.dump({"wall_s": 10.0}, f)
     with open(os.path.join(workdir, stage, "log.jsonl"), "w", encoding="utf-8") as f:
       for step in range(10, 110, 10):   # steps 10-30 are warm-up: 9.0 s, left out
-        f.write(json.dumps({"step": step, "step_time_s": 9.0 if step <= 30 else step / 100})
-                + "\n")
-      f.write(json.dumps({"step": 100, f"dev_{metric}": value - 1}) + "\n")
+        f.write(json.dumps({"step": step, "loss": 1.0,
+                            "step_time_s": 9.0 if step <= 30 else step / 100}) + "\n")
+      f.write(json.dumps({"step": 100, "dev_loss": 1.0, f"dev_{metric}": value - 1}) + "\n")
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     json.dump({"model": {"encoder_layout": layout},
                "reported": {"bleu": 22.53, "wer": -1.0}}, f)
