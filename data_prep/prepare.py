@@ -167,10 +167,11 @@ def parse_speeds(text: str) -> tuple[float, ...]:
   return speeds
 
 
-def speed_perturbed(records, factors) -> list:
+def speed_perturbed(records, factors, domains=()) -> list:
   """The records at every speed of `factors`, in the same talks (a talk's audio is read once):
   the ids of the copies at a speed other than 1 start with `sp{factor}-`. A copy is cut from
-  the talk as its original is, then perturbed."""
+  the talk as its original is, then perturbed. With `domains`, only the records of those
+  domains get copies (e.g. the recorded speech among synthetic)."""
   factors = tuple(float(f) for f in factors)
   if any(f <= 0 for f in factors):
     raise ValueError(f"speed perturbation {factors}; valid: positive factors, e.g. 0.9,1.0,1.1")
@@ -178,7 +179,7 @@ def speed_perturbed(records, factors) -> list:
     return records
   out = []
   for r in records:
-    for f in factors:
+    for f in (factors if not domains or r.domain in domains else (1.0,)):
       out.append(r if f == 1.0 else dataclasses.replace(
           r, id=f"sp{f:g}-{r.id}", speed=f, duration=r.duration / f if r.whole_file else
           r.duration))
@@ -312,14 +313,14 @@ def _read_lines(path: str) -> list[str]:
 
 def plan_jobs(corpus: str, root: str, pairs: list[str], out: str, splits: list[str],
               workers: int, shard_frames: int, eval_only_pairs=(), speed_perturb=(),
-              train_only_pairs=()) -> tuple[dict, dict]:
+              train_only_pairs=(), speed_perturb_domains=()) -> tuple[dict, dict]:
   """Reads every split's segment list first (layout errors surface before any work is done)
   and plans its shards (kept in shards/plan.json: a rerun writes the same shards) -> ({split:
   [write_shard jobs]}, {split: segments listed}). The jobs hold the records."""
   records = {s: corpora.read_corpora(corpus, root, pairs + list(eval_only_pairs) if i else
                                      pairs + list(train_only_pairs), s)
              for i, s in enumerate(splits)}
-  records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb)
+  records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb, speed_perturb_domains)
   data_dir = os.path.join(out, "tfds")
   plan_path = os.path.join(out, "shards", "plan.json")
   os.makedirs(os.path.dirname(plan_path), exist_ok=True)
@@ -350,13 +351,15 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
             asr_vocab: int = 5000, st_vocab: int = 8000, workers: int | None = None,
             progress: bool = True, shard_frames: int = DEFAULT_SHARD_FRAMES,
             eval_only_pairs: list[str] = (), speed_perturb: tuple[float, ...] = (),
-            train_only_pairs: list[str] = ()) -> dict:
+            train_only_pairs: list[str] = (), speed_perturb_domains: tuple[str, ...] = ()
+            ) -> dict:
   """`pairs` are prepared for every split, `eval_only_pairs` (directions without training
   data: zero-shot) for every split but the first (the training split), `train_only_pairs`
   (transcribed speech without held-out splits) for the first only. A pair X-X (mTEDx's ASR
   data) is transcription: its text trains the ASR vocabulary only. speed_perturb: the
   training split holds each utterance at each of these speeds (Kaldi's 0.9, 1.0, 1.1; the
-  copies' ids start with `sp{factor}-`); () = as recorded."""
+  copies' ids start with `sp{factor}-`); () = as recorded. speed_perturb_domains: only these
+  domains' utterances are perturbed; () = every one."""
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
     return _read_json(done_marker)
@@ -367,7 +370,8 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   eval_only_pairs = [p for p in eval_only_pairs if p not in pairs]
   train_only_pairs = [p for p in train_only_pairs if p not in pairs]
   jobs, segments = plan_jobs(corpus, root, pairs, out, splits, workers, shard_frames,
-                             eval_only_pairs, speed_perturb, train_only_pairs)
+                             eval_only_pairs, speed_perturb, train_only_pairs,
+                             speed_perturb_domains)
   data_dir = os.path.join(out, "tfds")
 
   sidecars = {}
@@ -428,7 +432,8 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
                        for task, p in vocabularies.items()},
              "gcmvn": "gcmvn.npz" if stats.count else None,
-             "speed_perturb": list(speed_perturb)}
+             "speed_perturb": list(speed_perturb),
+             "speed_perturb_domains": list(speed_perturb_domains)}
   _atomic_json(done_marker, summary)
   return summary
 
@@ -461,6 +466,9 @@ def main(argv=None):
   parser.add_argument("--speed-perturb", default="",
                       help="training utterances at each of these speeds, e.g. 0.9,1.0,1.1 "
                            "(Kaldi's speed perturbation); default: as recorded")
+  parser.add_argument("--speed-perturb-domains", default="",
+                      help="comma-separated: perturb only these domains' utterances (the "
+                           "segment lists' domain, e.g. queen); default: every one")
   args = parser.parse_args(argv)
   pairs = args.pairs or ("" if args.corpus == "fairseq" else "en-de")
   summary = prepare(args.corpus, args.root, pairs.split(","), args.out,
@@ -468,7 +476,9 @@ def main(argv=None):
                     args.st_vocab, args.workers, shard_frames=args.shard_frames,
                     eval_only_pairs=[p for p in args.eval_only_pairs.split(",") if p],
                     train_only_pairs=[p for p in args.train_only_pairs.split(",") if p],
-                    speed_perturb=parse_speeds(args.speed_perturb))
+                    speed_perturb=parse_speeds(args.speed_perturb),
+                    speed_perturb_domains=tuple(
+                        d for d in args.speed_perturb_domains.split(",") if d))
   print(json.dumps(summary, indent=1))
   with open(os.path.join(args.out, "prep_report.json"), encoding="utf-8") as f:
     report = json.load(f)

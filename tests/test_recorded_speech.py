@@ -386,15 +386,60 @@ def test_a_game_that_cannot_be_had_is_left_out_with_a_warning(monkeypatch):
   monkeypatch.setattr(recorded, "game_folder", unavailable)
   build._game_problem.cache_clear()
   warnings = []
-  spec = CorpusSpec(target="es", recorded_train=("queen",), real_test="sky")
+  spec = CorpusSpec(target="es", recorded_train=("queen",), spoken_dialogue=("sky",),
+                    real_test="sky")
   effective = build.effective_spec(spec, log=warnings.append)
   build._game_problem.cache_clear()
-  assert effective.recorded_train == () and effective.real_test == ""
+  assert effective.recorded_train == effective.spoken_dialogue == ()
+  assert effective.real_test == ""
   assert effective.splits() == ("train", "dev", "tst-COMMON")
   assert effective.transcription_pairs() == []
-  assert len(warnings) == 2
+  assert len(warnings) == 3
   assert "Flight of the Amazon Queen" in warnings[0] and "no recorded speech" in warnings[0]
-  assert "Beneath a Steel Sky" in warnings[1] and "dev-real" in warnings[1]
+  assert "Beneath a Steel Sky" in warnings[1] and "do not read its dialogue" in warnings[1]
+  assert "Beneath a Steel Sky" in warnings[2] and "dev-real" in warnings[2]
+
+
+def test_spoken_dialogue_is_read_by_training_voices_and_never_says_a_real_split_line(
+    monkeypatch):
+  """The games' dialogue text for the training voices: queen's lines and sky's lines that no
+  real split holds (nor says the words of one), each text once, every voice a training voice."""
+  sky = [_line(n, f"Sky line {n}.") for n in range(40)] + [_line(40, "Sky line 3!")]
+  queen = [recorded.RecordedLine(f"queen_{n}", "queen_joe", text, {})
+           for n, text in enumerate(["Hi, I'm Joe King.", "Sky line 7.", "Hi, I'm Joe king!"])]
+  monkeypatch.setattr(recorded, "game_folder", lambda game, cache_dir: game)
+  monkeypatch.setattr(recorded, "sky_lines", lambda folder, tally: sky)
+  monkeypatch.setattr(recorded, "queen_lines", lambda folder, tally, with_audio=True: queen)
+  spec = CorpusSpec(target="es", synthesizers=("espeak", "flite"),
+                    other_synthesizer_share=0.5, recorded_train=("queen",),
+                    spoken_dialogue=("queen", "sky"), real_test="sky", real_heldout=6)
+  _, held_out = build._sky_held_out(spec, log=lambda message: None)
+  held_keys = {recorded.text_key(line.text) for split in held_out for line in split}
+  assert len(held_keys) == 12 and not held_keys & {"sky line 7", "sky line 3"}
+  lines = build._dialogue_lines(spec)
+  keys = [recorded.text_key(text) for text, _ in lines]
+  assert len(keys) == len(set(keys)) == 2 + 41 - 1 - 1 - 12     # each text once
+  assert not set(keys) & held_keys
+  assert dict(lines)["Hi, I'm Joe King."] == "queen-text"
+  assert dict(lines)["Sky line 3."] == "sky-text"
+  talks = plan.plan_spoken_text(spec, "en", lines)
+  segments = [segment for talk in talks for segment in talk]
+  assert [(s.source, s.domain) for s in segments] != [] and sorted(
+      (s.source, s.domain) for s in segments) == sorted(lines)
+  assert all(s.target == s.source for s in segments)
+  training = set(plan.split_variants(spec.seed)["train"]) | set(
+      build.voices.voice_names(build.voices.ENGINE_VOICES["flite"]))
+  assert {s.voice.variant for s in segments} <= training
+  flite = sum(s.voice.engine == "flite" for s in segments) / len(segments)
+  assert 0.3 < flite < 0.7                                      # other_synthesizer_share
+  assert talks == plan.plan_spoken_text(spec, "en", lines)     # deterministic
+  assert spec.transcription_pairs() == ["en-en"]
+  assert CorpusSpec(spoken_dialogue=("sky",)).transcription_pairs() == ["en-en"]
+
+
+def test_a_build_from_before_spoken_dialogue_still_matches_its_marker():
+  assert "spoken_dialogue" not in build._spec_json(CorpusSpec())
+  assert '"spoken_dialogue": ["sky"]' in build._spec_json(CorpusSpec(spoken_dialogue=("sky",)))
 
 
 def test_spec_refuses_a_real_test_without_its_subtitles():
@@ -402,6 +447,8 @@ def test_spec_refuses_a_real_test_without_its_subtitles():
     CorpusSpec(target="fr", real_test="sky")
   with pytest.raises(ValueError, match="recorded_train"):
     CorpusSpec(recorded_train=("monkey-island",))
+  with pytest.raises(ValueError, match="spoken_dialogue 'monkey-island'; valid: any of queen"):
+    CorpusSpec(spoken_dialogue=("monkey-island",))
   assert CorpusSpec(target="es", real_test="sky").splits()[-3:] == (
       "dev-real", "tst-real", "tst-COMMON-5k")
 

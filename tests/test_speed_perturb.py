@@ -51,3 +51,14 @@ def test_bad_factors_are_named():
   with pytest.raises(ValueError, match="valid: comma-separated positive"):
     prepare.parse_speeds("0,1")
   assert prepare.parse_speeds("") == ()
+
+
+def test_only_the_named_domains_are_perturbed():
+  from data_prep.corpora import SegmentRecord
+  record = lambda i, domain: SegmentRecord(f"u{i}", "talk", "spk", "talk.wav", 0.0, 1.0, "a",
+                                           "a", "en", "en", domain)
+  records = [record(0, "queen"), record(1, "bible"), record(2, "queen")]
+  out = prepare.speed_perturbed(records, (0.9, 1.0, 1.1), domains=("queen",))
+  assert [r.id for r in out] == ["sp0.9-u0", "u0", "sp1.1-u0", "u1", "sp0.9-u2", "u2",
+                                 "sp1.1-u2"]
+  assert len(prepare.speed_perturbed(records, (0.9, 1.0, 1.1))) == 9      # every domain

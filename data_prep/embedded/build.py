@@ -33,8 +33,8 @@ import numpy as np
 from data_prep.common import cli_errors
 from data_prep.common.progress import progress_bar
 from data_prep.embedded import recorded, text, voices
-from data_prep.embedded.plan import (plan_direction, real_heldout_lines, split_variants,
-                                     unseen_voices)
+from data_prep.embedded.plan import (plan_direction, plan_spoken_text, real_heldout_lines,
+                                     split_variants, unseen_voices)
 from data_prep.embedded.spec import (NARROWBAND_SPLIT, REAL_SPLITS, RECORDED_GAMES,
                                      UNSEEN_SYNTH_SPLIT, CorpusSpec, add_arguments,
                                      specs_from_arguments)
@@ -61,18 +61,19 @@ def effective_spec(spec: CorpusSpec, log=print) -> CorpusSpec:
           + ("training hears espeak-ng alone" if engine in engines else
              f"there is no {UNSEEN_SYNTH_SPLIT} split"))
       missing.append(engine)
-  games = {"recorded_train": list(spec.recorded_train), "real_test": [spec.real_test] * bool(
-      spec.real_test)}
-  for setting, names in games.items():
-    for game in names:
+  without_game = {
+      "recorded_train": "the ASR training hears no recorded speech",
+      "spoken_dialogue": "the training voices do not read its dialogue",
+      "real_test": f"there are no {', '.join(REAL_SPLITS + (NARROWBAND_SPLIT,))} splits"}
+  for setting, consequence in without_game.items():
+    value = getattr(spec, setting)
+    for game in (value if isinstance(value, tuple) else [value] * bool(value)):
       problem = _game_problem(game, spec.package_cache())
       if problem:
         log(f"WARNING: the embedded corpus is built without {RECORDED_GAMES[game]} "
-            f"({problem}); " + ("the ASR training hears no recorded speech"
-                                if setting == "recorded_train" else
-                                f"there are no {', '.join(REAL_SPLITS + (NARROWBAND_SPLIT,))} "
-                                f"splits"))
-        spec = dataclasses.replace(spec, **{setting: () if setting == "recorded_train" else ""})
+            f"({problem}); {consequence}")
+        value = tuple(g for g in value if g != game) if isinstance(value, tuple) else ""
+        spec = dataclasses.replace(spec, **{setting: value})
   if not missing:
     return spec
   synthesizers_left = tuple(e for e in spec.synthesizers if e not in missing)
@@ -156,6 +157,8 @@ def _spec_json(spec: CorpusSpec) -> str:
   split and, with an unseen synthesizer, the voices that speak it."""
   fields = {k: list(v) if isinstance(v, tuple) else v
             for k, v in dataclasses.asdict(spec).items() if k != "cache_root"}
+  if not spec.spoken_dialogue:     # a later setting: builds from before it still match
+    del fields["spoken_dialogue"]
   fields["voices"] = split_variants(spec.seed)
   if spec.unseen_synthesizer:
     fields["unseen_voices"] = list(unseen_voices(spec))
@@ -174,7 +177,7 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
   if not os.path.exists(marker):
     return False
   if spec.synthesizers != ("espeak",) or spec.unseen_synthesizer or spec.recorded_train or \
-      spec.real_test:     # what can be had here decides what was built
+      spec.spoken_dialogue or spec.real_test:     # what can be had here decides what was built
     spec = effective_spec(spec, log=lambda message: None)
   with open(marker, encoding="utf-8") as f:
     if json.load(f).get("spec") == _spec_json(spec):
@@ -184,9 +187,11 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
                         f"(--out here, data.root in a config)")
 
 
-def _synthesize_direction(root: str, spec: CorpusSpec, source: str, plan: dict, workers: int,
-                          progress: bool) -> dict[str, list[dict]]:
-  """Writes every talk's wav of `plan` under `root` -> {split: [segment entries]}."""
+def _synthesize_direction(root: str, spec: CorpusSpec, source: str, target: str, plan: dict,
+                          workers: int, progress: bool, talk_prefix: str = ""
+                          ) -> dict[str, list[dict]]:
+  """Writes every talk's wav of `plan` under `root` (named `talk_prefix`{split}_{number})
+  -> {split: [segment entries]}."""
   cache_dir = voices.cache_dir(spec.package_cache())
   jobs, meta = [], []
   narrow_rng = np.random.default_rng([spec.seed, 23])
@@ -194,7 +199,7 @@ def _synthesize_direction(root: str, spec: CorpusSpec, source: str, plan: dict, 
     os.makedirs(os.path.join(root, "data", split, "wav"), exist_ok=True)
     os.makedirs(os.path.join(root, "data", split, "txt"), exist_ok=True)
     for t, segments in enumerate(talks):
-      talk = f"{split.replace('-', '_')}_{t:04d}"
+      talk = f"{talk_prefix}{split.replace('-', '_')}_{t:04d}"
       path = os.path.join(root, "data", split, "wav", f"{talk}.wav")
       narrowband = split == "train" and spec.narrowband_share > 0 and (
           narrow_rng.random() < spec.narrowband_share)
@@ -203,7 +208,7 @@ def _synthesize_direction(root: str, spec: CorpusSpec, source: str, plan: dict, 
   entries_by_split = {s: [] for s in plan}
   with multiprocessing.get_context("spawn").Pool(workers) as pool:
     results = pool.imap(_synthesize_talk, jobs, chunksize=1)
-    bar = progress_bar(results, total=len(jobs), desc=f"synthesising {source}-{spec.target}",
+    bar = progress_bar(results, total=len(jobs), desc=f"synthesising {source}-{target}",
                        unit="talk", disable=not progress)
     for (split, talk, segments), timings in zip(meta, bar):
       for segment, timing in zip(segments, timings):
@@ -234,7 +239,8 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
                                  text.ding_pairs(spec, source, target) +
                                  text.bible_pairs(spec, source, target))
     plan = plan_direction(spec, source, target, pairs)
-    entries_by_split = _synthesize_direction(root, spec, source, plan, workers, progress)
+    entries_by_split = _synthesize_direction(root, spec, source, target, plan, workers,
+                                             progress)
     if spec.real_test and source == "en":
       entries_by_split.update(_real_splits(root, spec, target, entries_by_split["tst-COMMON"]))
     _write_split_texts(root, spec, source, target, entries_by_split)
@@ -242,7 +248,12 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
   for pair in spec.transcription_pairs():
     root = direction_dir(out, *pair.split("-"))
     if not is_built(root, spec):
-      _write_split_texts(root, spec, "en", "en", {"train": _queen_split(root, spec)})
+      entries = _queen_split(root, spec) if spec.recorded_train else []
+      if spec.spoken_dialogue:
+        plan = {"train": plan_spoken_text(spec, "en", _dialogue_lines(spec))}
+        entries += _synthesize_direction(root, spec, "en", "en", plan, workers, progress,
+                                         talk_prefix="spoken_")["train"]
+      _write_split_texts(root, spec, "en", "en", {"train": entries})
     done_dirs.append(root)
   return done_dirs
 
@@ -299,6 +310,41 @@ def _queen_split(root: str, spec: CorpusSpec, progress: bool = True, log=print) 
                          progress)
 
 
+def _sky_held_out(spec: CorpusSpec, log=print) -> tuple[list, tuple[list, list]]:
+  """(Beneath a Steel Sky's lines, (dev-real's, tst-real's)): the real splits' lines, drawn
+  from those whose words no training transcript says (([], []) without real splits)."""
+  tally = recorded.Tally()
+  lines = recorded.sky_lines(recorded.game_folder("sky", spec.package_cache()), tally)
+  log(f"{RECORDED_GAMES['sky']}: {tally.summary()}")
+  if not spec.real_test:
+    return lines, ([], [])
+  excluded = set()
+  if spec.recorded_train or "queen" in spec.spoken_dialogue:   # no held-out line's text
+                                                               # may be a training transcript
+    excluded = {recorded.text_key(line.text) for line in recorded.queen_lines(
+        recorded.game_folder("queen", spec.package_cache()), recorded.Tally(),
+        with_audio=False)}
+  return lines, real_heldout_lines(lines, spec, excluded)
+
+
+def _dialogue_lines(spec: CorpusSpec) -> list[tuple[str, str]]:
+  """(text, domain) of spec.spoken_dialogue's games, each text once: queen's linked lines,
+  sky's lines that no real split holds (nor says the words of one); domain `{game}-text`."""
+  found = {}
+  if "queen" in spec.spoken_dialogue:
+    folder = recorded.game_folder("queen", spec.package_cache())
+    for line in recorded.queen_lines(folder, recorded.Tally(), with_audio=False):
+      found.setdefault(recorded.text_key(line.text), (line.text, "queen-text"))
+  if "sky" in spec.spoken_dialogue:
+    lines, held_out = _sky_held_out(spec, log=lambda message: None)
+    held_keys = {recorded.text_key(line.text) for split in held_out for line in split}
+    for line in lines:
+      key = recorded.text_key(line.text)
+      if key not in held_keys:
+        found.setdefault(key, (line.text, "sky-text"))
+  return list(found.values())
+
+
 def _write_text_only(root: str, name: str, source: str, target: str, lines, held_out):
   """The game's other lines as parallel text without speech ({root}/text/{name}.{language}),
   never a held-out line's words: what a text stage may read (mt.text_only)."""
@@ -315,17 +361,8 @@ def _real_splits(root: str, spec: CorpusSpec, target: str, tst_common: list[dict
                  progress: bool = True, log=print) -> dict[str, list[dict]]:
   """dev-real and tst-real from Beneath a Steel Sky's recorded lines (against its `target`
   subtitles), and NARROWBAND_SPLIT: tst-COMMON's talks band-limited to 5.5 kHz."""
-  tally = recorded.Tally()
-  folder = recorded.game_folder("sky", spec.package_cache())
-  lines = recorded.sky_lines(folder, tally)
-  log(f"{RECORDED_GAMES['sky']}: {tally.summary()}")
-  excluded = set()
-  if spec.transcription_pairs():     # no held-out line's text may be a training transcript
-    excluded = {recorded.text_key(line.text) for line in recorded.queen_lines(
-        recorded.game_folder("queen", spec.package_cache()), recorded.Tally(),
-        with_audio=False)}
-  held_out = real_heldout_lines(lines, spec, excluded)
-  disk = recorded.steel_sky.Disk(folder)
+  lines, held_out = _sky_held_out(spec, log)
+  disk = recorded.steel_sky.Disk(recorded.game_folder("sky", spec.package_cache()))
   _write_text_only(root, "sky", "en", target, lines, held_out)
   splits = {}
   for split, chosen in zip(REAL_SPLITS, held_out):

@@ -149,3 +149,22 @@ def real_heldout_lines(lines, spec: CorpusSpec, excluded=frozenset()) -> tuple[l
   order = np.random.default_rng([spec.seed, 31]).permutation(len(usable))
   n = spec.real_heldout
   return ([usable[i] for i in sorted(order[:n])], [usable[i] for i in sorted(order[n:2 * n])])
+
+
+def plan_spoken_text(spec: CorpusSpec, source: str, lines: list[tuple[str, str]]
+                     ) -> list[list[Segment]]:
+  """Talks of (text, domain) `lines` read by the training voices (the training split's espeak-ng
+  variants and the other synthesizers' voices at their share, as plan_direction draws them, in
+  a stream of their own): transcribed speech without translation (spec.spoken_dialogue)."""
+  rng = np.random.default_rng([spec.seed, 37])
+  espeak = _espeak_speakers(rng, source, split_variants(spec.seed)["train"])
+  others = [voice for engine in spec.synthesizers if engine != "espeak"
+            for voice in engine_speakers(rng, source, engine)]
+  share = spec.other_synthesizer_share or len(others) / (len(others) + len(espeak))
+  by_speaker: dict[Voice, list[Segment]] = {}
+  for text, domain in lines:
+    pool = others if others and rng.random() < share else espeak
+    voice = pool[int(rng.integers(len(pool)))]
+    by_speaker.setdefault(voice, []).append(Segment(text, text, domain, voice))
+  return [talk for voice in dict.fromkeys(espeak + others) if voice in by_speaker
+          for talk in _talks(by_speaker[voice], spec.segments_per_talk)]

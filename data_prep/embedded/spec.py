@@ -69,6 +69,10 @@ class CorpusSpec:
   recorded_train: tuple[str, ...] = _setting(
       (), "games whose recorded dialogue joins the ASR training as transcribed speech (an X-X "
           "pair): queen (Flight of the Amazon Queen, ~4,000 clips, ~2.7 h)")
+  spoken_dialogue: tuple[str, ...] = _setting(
+      (), "games whose dialogue text the training voices read into the ASR training (an X-X "
+          "pair, transcripts only; the speech is synthetic): queen (its linked lines), sky "
+          "(its lines that no real split holds)")
   real_test: str = _setting(
       "", f"build {' and '.join(REAL_SPLITS)} (and {NARROWBAND_SPLIT}): recorded lines of sky "
           f"(Beneath a Steel Sky) against its {'/'.join(REAL_TEST_LANGUAGES)} subtitles ('' = "
@@ -108,6 +112,10 @@ class CorpusSpec:
     if set(self.recorded_train) - {"queen"}:
       raise ValueError(f"embedded corpus recorded_train {','.join(self.recorded_train)!r}; "
                        f"valid: queen (or nothing)")
+    if set(self.spoken_dialogue) - set(RECORDED_GAMES):
+      raise ValueError(f"embedded corpus spoken_dialogue {','.join(self.spoken_dialogue)!r}; "
+                       f"valid: any of {', '.join(RECORDED_GAMES)}, comma-separated (or "
+                       f"nothing)")
     if self.real_test not in ("", "sky"):
       raise ValueError(f"embedded corpus real_test {self.real_test!r}; valid: sky or ''")
     if self.real_test and ("en" not in self.sources or
@@ -138,9 +146,10 @@ class CorpusSpec:
     return [(s, self.target) for s in self.sources if s != self.target]
 
   def transcription_pairs(self) -> list[str]:
-    """The X-X pairs of recorded transcribed speech, training split only ("en-en" with queen:
-    its dialogue is English)."""
-    return ["en-en"] if self.recorded_train and "en" in self.sources else []
+    """The X-X pairs of transcribed speech without translations, training split only ("en-en"
+    with queen's recordings or a game's dialogue spoken: the games are English)."""
+    return ["en-en"] if (self.recorded_train or self.spoken_dialogue) and "en" in self.sources \
+        else []
 
 
 FIELDS = {field.name: field for field in dataclasses.fields(CorpusSpec)}

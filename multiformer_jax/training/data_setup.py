@@ -49,6 +49,7 @@ def ensure_prepared(config, log: logging.Logger):
   prepare.prepare("mustc" if specs else d.corpus, d.root, d.pairs.split(","), d.prepared_dir,
                   [d.train_split, d.dev_split, d.test_split, *extra], d.asr_vocab, d.st_vocab,
                   speed_perturb=prepare.parse_speeds(d.speed_perturb),
+                  speed_perturb_domains=tuple(x for x in d.speed_perturb_domains.split(",") if x),
                   eval_only_pairs=[p for p in d.eval_only_pairs.split(",") if p],
                   train_only_pairs=sorted({p for spec in specs for p in embedded_build
                                            .effective_spec(spec, lambda m: None)
