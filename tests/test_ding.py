@@ -154,7 +154,7 @@ def test_a_prepared_quickstart_refuses_an_embedded_corpus_of_another_spec(tmp_pa
   config = quickstart.get_config("ding")
   config.data.root, config.data.prepared_dir = str(tmp_path / "corpus"), str(tmp_path / "prep")
   e = config.data.embedded
-  e.recorded_train, e.real_test = "", ""       # no game fetched by this test
+  e.recorded_train, e.spoken_dialogue, e.real_test = "", "", ""   # no game fetched here
   (tmp_path / "prep").mkdir()
   (tmp_path / "prep" / "prepared.json").write_text("{}")
   spec = spec_lib.CorpusSpec(text=("catalogs", "ding"), seed=e.seed,
