@@ -311,8 +311,9 @@ def _queen_split(root: str, spec: CorpusSpec, progress: bool = True, log=print) 
 
 
 def _sky_held_out(spec: CorpusSpec, log=print) -> tuple[list, tuple[list, list]]:
-  """(Beneath a Steel Sky's lines, (dev-real's, tst-real's)): the real splits' lines, drawn
-  from those whose words no training transcript says (([], []) without real splits)."""
+  """(other lines, (dev-real's, tst-real's)) of Beneath a Steel Sky: the real splits' lines,
+  drawn from those whose words no training transcript says, and every line that says none of
+  their words (what training may read as text); without real splits, every line and ([], [])."""
   tally = recorded.Tally()
   lines = recorded.sky_lines(recorded.game_folder("sky", spec.package_cache()), tally)
   log(f"{RECORDED_GAMES['sky']}: {tally.summary()}")
@@ -324,7 +325,9 @@ def _sky_held_out(spec: CorpusSpec, log=print) -> tuple[list, tuple[list, list]]
     excluded = {recorded.text_key(line.text) for line in recorded.queen_lines(
         recorded.game_folder("queen", spec.package_cache()), recorded.Tally(),
         with_audio=False)}
-  return lines, real_heldout_lines(lines, spec, excluded)
+  held_out = real_heldout_lines(lines, spec, excluded)
+  held_keys = {recorded.text_key(line.text) for split in held_out for line in split}
+  return [line for line in lines if recorded.text_key(line.text) not in held_keys], held_out
 
 
 def _dialogue_lines(spec: CorpusSpec) -> list[tuple[str, str]]:
@@ -336,20 +339,14 @@ def _dialogue_lines(spec: CorpusSpec) -> list[tuple[str, str]]:
     for line in recorded.queen_lines(folder, recorded.Tally(), with_audio=False):
       found.setdefault(recorded.text_key(line.text), (line.text, "queen-text"))
   if "sky" in spec.spoken_dialogue:
-    lines, held_out = _sky_held_out(spec, log=lambda message: None)
-    held_keys = {recorded.text_key(line.text) for split in held_out for line in split}
-    for line in lines:
-      key = recorded.text_key(line.text)
-      if key not in held_keys:
-        found.setdefault(key, (line.text, "sky-text"))
+    for line in _sky_held_out(spec, log=lambda message: None)[0]:
+      found.setdefault(recorded.text_key(line.text), (line.text, "sky-text"))
   return list(found.values())
 
 
-def _write_text_only(root: str, name: str, source: str, target: str, lines, held_out):
-  """The game's other lines as parallel text without speech ({root}/text/{name}.{language}),
-  never a held-out line's words: what a text stage may read (mt.text_only)."""
-  held_keys = {recorded.text_key(line.text) for split in held_out for line in split}
-  others = [line for line in lines if recorded.text_key(line.text) not in held_keys]
+def _write_text_only(root: str, name: str, source: str, target: str, others):
+  """The game's `others` lines (never a held-out line's words) as parallel text without
+  speech ({root}/text/{name}.{language}): what a text stage may read (mt.text_only)."""
   os.makedirs(os.path.join(root, TEXT_ONLY_DIR), exist_ok=True)
   _atomic_text(os.path.join(root, TEXT_ONLY_DIR, f"{name}.{source}"),
                "".join(line.text + "\n" for line in others))
@@ -361,9 +358,9 @@ def _real_splits(root: str, spec: CorpusSpec, target: str, tst_common: list[dict
                  progress: bool = True, log=print) -> dict[str, list[dict]]:
   """dev-real and tst-real from Beneath a Steel Sky's recorded lines (against its `target`
   subtitles), and NARROWBAND_SPLIT: tst-COMMON's talks band-limited to 5.5 kHz."""
-  lines, held_out = _sky_held_out(spec, log)
+  others, held_out = _sky_held_out(spec, log)
   disk = recorded.steel_sky.Disk(recorded.game_folder("sky", spec.package_cache()))
-  _write_text_only(root, "sky", "en", target, lines, held_out)
+  _write_text_only(root, "sky", "en", target, others)
   splits = {}
   for split, chosen in zip(REAL_SPLITS, held_out):
     chosen = [recorded.load_sky_audio(disk, line) for line in chosen]

@@ -74,6 +74,13 @@ def engine_speakers(rng, language: str, engine: str, per_voice: int = 1,
   return speakers
 
 
+def _engine_share(spec: CorpusSpec, engine_voices: list, espeak_voices: list) -> float:
+  """How often a training utterance is the other synthesizers': other_synthesizer_share, or
+  (0) their share of all training voices."""
+  return spec.other_synthesizer_share or (
+      len(engine_voices) / (len(engine_voices) + len(espeak_voices)))
+
+
 def unseen_voices(spec: CorpusSpec) -> tuple[str, ...]:
   """The unseen synthesizer's voices that speak UNSEEN_SYNTH_SPLIT: all but those made from the
   same speaker as a training voice (festival's kal_diphone is flite's kal16)."""
@@ -112,8 +119,7 @@ def plan_direction(spec: CorpusSpec, source: str, target: str, pairs: list[tuple
   engine_rng = stream(13)
   engine_voices = [voice for engine in spec.synthesizers if engine != "espeak"
                    for voice in engine_speakers(engine_rng, source, engine)]
-  engine_share = spec.other_synthesizer_share or (
-      len(engine_voices) / (len(engine_voices) + len(speakers["train"])))
+  engine_share = _engine_share(spec, engine_voices, speakers["train"])
   plan = {}
   for split in SPLITS:
     repeats = spec.train_speakers_per_sentence if split == "train" else 1
@@ -160,7 +166,7 @@ def plan_spoken_text(spec: CorpusSpec, source: str, lines: list[tuple[str, str]]
   espeak = _espeak_speakers(rng, source, split_variants(spec.seed)["train"])
   others = [voice for engine in spec.synthesizers if engine != "espeak"
             for voice in engine_speakers(rng, source, engine)]
-  share = spec.other_synthesizer_share or len(others) / (len(others) + len(espeak))
+  share = _engine_share(spec, others, espeak)
   by_speaker: dict[Voice, list[Segment]] = {}
   for text, domain in lines:
     pool = others if others and rng.random() < share else espeak
