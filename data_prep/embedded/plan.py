@@ -75,8 +75,8 @@ def engine_speakers(rng, language: str, engine: str, per_voice: int = 1,
 
 
 def _engine_share(spec: CorpusSpec, engine_voices: list, espeak_voices: list) -> float:
-  """How often a training utterance is the other synthesizers': other_synthesizer_share, or
-  (0) their share of all training voices."""
+  """How often a training utterance is the other synthesizers': other_synthesizer_share, or,
+  where that is 0, their voices' share of all training voices."""
   return spec.other_synthesizer_share or (
       len(engine_voices) / (len(engine_voices) + len(espeak_voices)))
 
