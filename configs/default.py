@@ -99,7 +99,7 @@ def get_config(arg=None):
   d.speed_perturb = ""         # training utterances at each of these speeds, e.g. "0.9,1.0,1.1"
                                # (Kaldi's speed perturbation, done when preparing)
   d.speed_perturb_domains = ""  # comma-separated: only these domains' utterances are perturbed
-                               # (e.g. "queen": the embedded corpus's recorded speech)
+                               # (e.g. "queen,uqm": the embedded corpus's recorded speech)
   d.extra_test_splits = ""     # comma-separated: also prepared, and evaluated after training
                                # beside test_split (e.g. the embedded tst-unseen-synth)
   d.max_frames = 40000         # padded source frames per global batch (fairseq max_tokens);

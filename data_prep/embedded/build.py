@@ -100,7 +100,10 @@ def _engine_problem(engine: str, cache_dir: str) -> str:
 def _game_problem(game: str, cache_dir: str) -> str:
   """Why `game`'s recorded speech cannot be had here ("" if it can), asked once per process."""
   try:
-    recorded.game_folder(game, cache_dir)
+    if game == "uqm":
+      recorded.uqm_archives(cache_dir).close()
+    else:
+      recorded.game_folder(game, cache_dir)
   except recorded.GameUnavailable as error:
     return str(error)
   return ""
@@ -157,8 +160,10 @@ def _spec_json(spec: CorpusSpec) -> str:
   split and, with an unseen synthesizer, the voices that speak it."""
   fields = {k: list(v) if isinstance(v, tuple) else v
             for k, v in dataclasses.asdict(spec).items() if k != "cache_root"}
-  if not spec.spoken_dialogue:     # a later setting: builds from before it still match
+  if not spec.spoken_dialogue:     # later settings: builds from before them still match
     del fields["spoken_dialogue"]
+  if spec.uqm_share == 1.0 or "uqm" not in spec.recorded_train:   # it draws nothing then
+    del fields["uqm_share"]
   fields["voices"] = split_variants(spec.seed)
   if spec.unseen_synthesizer:
     fields["unseen_voices"] = list(unseen_voices(spec))
@@ -178,7 +183,7 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
     return False
   if spec.synthesizers != ("espeak",) or spec.unseen_synthesizer or spec.recorded_train or \
       spec.spoken_dialogue or spec.real_test:     # what can be had here decides what was built
-    spec = effective_spec(spec, log=lambda message: None)
+    spec = effective_spec(spec, log=_quiet)
   with open(marker, encoding="utf-8") as f:
     if json.load(f).get("spec") == _spec_json(spec):
       return True
@@ -248,7 +253,7 @@ def build(out: str, spec: CorpusSpec = CorpusSpec(), workers: int = 2,
   for pair in spec.transcription_pairs():
     root = direction_dir(out, *pair.split("-"))
     if not is_built(root, spec):
-      entries = _queen_split(root, spec) if spec.recorded_train else []
+      entries = _recorded_train_split(root, spec) if spec.recorded_train else []
       if spec.spoken_dialogue:
         plan = {"train": plan_spoken_text(spec, "en", _dialogue_lines(spec))}
         entries += _synthesize_direction(root, spec, "en", "en", plan, workers, progress,
@@ -299,15 +304,41 @@ def _recorded_talks(root: str, split: str, lines, source: str, target_of, seed: 
   return entries
 
 
-def _queen_split(root: str, spec: CorpusSpec, progress: bool = True, log=print) -> list[dict]:
-  """The transcribed training split of Flight of the Amazon Queen's dialogue (an en-en
-  direction: the transcript is the target too)."""
-  tally = recorded.Tally()
-  folder = recorded.game_folder("queen", spec.package_cache())
-  lines = list(recorded.queen_lines(folder, tally))
-  log(f"{RECORDED_GAMES['queen']}: {tally.summary()}")
+def _recorded_train_split(root: str, spec: CorpusSpec, progress: bool = True, log=print
+                          ) -> list[dict]:
+  """The transcribed training split of spec.recorded_train's recorded dialogue (an en-en
+  direction: the transcript is the target too), games in RECORDED_GAMES' order; of The Ur-Quan
+  Masters', a draw of spec.uqm_share. A line that says the words of a real split's line is left
+  out (counted)."""
+  held_keys = set()
+  if spec.real_test:
+    held_keys = {recorded.text_key(line.text) for split in _sky_held_out(spec, log=_quiet)[1]
+                 for line in split}
+  lines = []
+  for game in (g for g in RECORDED_GAMES if g in spec.recorded_train):
+    tally = recorded.Tally()
+    if game == "queen":
+      found = recorded.queen_lines(recorded.game_folder(game, spec.package_cache()), tally)
+    else:
+      archives = recorded.uqm_archives(spec.package_cache())
+      found = recorded.uqm_lines(archives, tally)
+    share = spec.uqm_share if game == "uqm" else 1.0
+    drawn = np.random.default_rng([spec.seed, 41])
+    for line in found:
+      if drawn.random() >= share:
+        tally["linked, left out: beyond uqm_share"] += 1
+        continue
+      if recorded.text_key(line.text) in held_keys:
+        tally["linked, left out: says a real split's line"] += 1
+        continue
+      lines.append(line)
+    log(f"{RECORDED_GAMES[game]}: {tally.summary()}")
   return _recorded_talks(root, "train", lines, "en", lambda line: line.text, spec.seed,
                          progress)
+
+
+def _quiet(message: str):
+  """A log that says nothing."""
 
 
 def _sky_held_out(spec: CorpusSpec, log=print) -> tuple[list, tuple[list, list]]:
@@ -320,7 +351,7 @@ def _sky_held_out(spec: CorpusSpec, log=print) -> tuple[list, tuple[list, list]]
   if not spec.real_test:
     return lines, ([], [])
   excluded = set()
-  if spec.recorded_train or "queen" in spec.spoken_dialogue:   # no held-out line's text
+  if "queen" in spec.recorded_train + spec.spoken_dialogue:    # no held-out line's text
                                                                # may be a training transcript
     excluded = {recorded.text_key(line.text) for line in recorded.queen_lines(
         recorded.game_folder("queen", spec.package_cache()), recorded.Tally(),
@@ -339,7 +370,7 @@ def _dialogue_lines(spec: CorpusSpec) -> list[tuple[str, str]]:
     for line in recorded.queen_lines(folder, recorded.Tally(), with_audio=False):
       found.setdefault(recorded.text_key(line.text), (line.text, "queen-text"))
   if "sky" in spec.spoken_dialogue:
-    for line in _sky_held_out(spec, log=lambda message: None)[0]:
+    for line in _sky_held_out(spec, log=_quiet)[0]:
       found.setdefault(recorded.text_key(line.text), (line.text, "sky-text"))
   return list(found.values())
 

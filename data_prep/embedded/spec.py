@@ -24,7 +24,11 @@ UNSEEN_SYNTH_SPLIT = "tst-unseen-synth"
 # against the game's own subtitles (spec.real_test); tst-COMMON band-limited as the games' audio.
 REAL_SPLITS = ("dev-real", "tst-real")
 NARROWBAND_SPLIT = "tst-COMMON-5k"
-RECORDED_GAMES = {"queen": "Flight of the Amazon Queen", "sky": "Beneath a Steel Sky"}
+RECORDED_GAMES = {"queen": "Flight of the Amazon Queen", "uqm": "The Ur-Quan Masters",
+                  "sky": "Beneath a Steel Sky"}
+# The games whose recorded dialogue can train, and those whose text the voices can read.
+RECORDED_TRAIN_GAMES = ("queen", "uqm")
+SPOKEN_DIALOGUE_GAMES = ("queen", "sky")
 # The languages of sky's subtitles that a real split can translate into.
 REAL_TEST_LANGUAGES = ("es", "de")
 # espeak-ng's voice for each language the corpus speaks.
@@ -68,7 +72,11 @@ class CorpusSpec:
            "as their share of the training voices)")
   recorded_train: tuple[str, ...] = _setting(
       (), "games whose recorded dialogue joins the ASR training as transcribed speech (an X-X "
-          "pair): queen (Flight of the Amazon Queen, ~4,000 clips, ~2.7 h)")
+          "pair): queen (Flight of the Amazon Queen, ~4,000 clips, ~2.7 h), uqm (The Ur-Quan "
+          "Masters' 3DO voices, Debian non-free, ~4,200 utterances, ~10.9 h)")
+  uqm_share: float = _setting(
+      1.0, "share of The Ur-Quan Masters' utterances that recorded_train=uqm trains on, drawn "
+           "with the spec's seed")
   spoken_dialogue: tuple[str, ...] = _setting(
       (), "games whose dialogue text the training voices read into the ASR training (an X-X "
           "pair, transcripts only; the speech is synthetic): queen (its linked lines), sky "
@@ -109,12 +117,15 @@ class CorpusSpec:
                        f"; valid: 0 (proportional to the voices) or a share in (0, 1) with a "
                        f"synthesizer besides espeak among the synthesizers "
                        f"({', '.join(self.synthesizers)})")
-    if set(self.recorded_train) - {"queen"}:
+    if set(self.recorded_train) - set(RECORDED_TRAIN_GAMES):
       raise ValueError(f"embedded corpus recorded_train {','.join(self.recorded_train)!r}; "
-                       f"valid: queen (or nothing)")
-    if set(self.spoken_dialogue) - set(RECORDED_GAMES):
+                       f"valid: any of {', '.join(RECORDED_TRAIN_GAMES)}, comma-separated (or "
+                       f"nothing)")
+    if not 0.0 < self.uqm_share <= 1.0:
+      raise ValueError(f"embedded corpus uqm_share {self.uqm_share}; valid: a share in (0, 1]")
+    if set(self.spoken_dialogue) - set(SPOKEN_DIALOGUE_GAMES):
       raise ValueError(f"embedded corpus spoken_dialogue {','.join(self.spoken_dialogue)!r}; "
-                       f"valid: any of {', '.join(RECORDED_GAMES)}, comma-separated (or "
+                       f"valid: any of {', '.join(SPOKEN_DIALOGUE_GAMES)}, comma-separated (or "
                        f"nothing)")
     if self.real_test not in ("", "sky"):
       raise ValueError(f"embedded corpus real_test {self.real_test!r}; valid: sky or ''")

@@ -4,8 +4,10 @@
   ASR training (an X-X pair: transcripts, no translation).
 - steel_sky: Beneath a Steel Sky's ~3,500 spoken lines, another studio's cast, with the game's
   own Spanish and German subtitles: the dev-real and tst-real splits (real speech translation).
+- ur_quan: The Ur-Quan Masters' alien dialogue (Debian's non-free section), a third cast; it
+  can join the ASR training as Flight of the Amazon Queen's does.
 
-`queen_lines` and `sky_lines` yield `RecordedLine`s (16 kHz audio, cleaned text) and count
+`queen_lines`, `uqm_lines` and `sky_lines` yield `RecordedLine`s (16 kHz audio, cleaned text) and count
 what they leave out, with the reason, in a `Tally`. `game_folder` fetches a game's package
 (apt-get download + dpkg-deb -x into the cache, as the Bible's); `GameUnavailable` says what
 is missing where it cannot be had.
@@ -22,10 +24,12 @@ from typing import Iterator
 import numpy as np
 
 from data_prep.common import packages
-from data_prep.embedded.recorded import amazon_queen, steel_sky
+from data_prep.embedded.recorded import amazon_queen, steel_sky, ur_quan
 
 SAMPLE_RATE = 16000
-GAMES = {"queen": amazon_queen, "sky": steel_sky}
+GAMES = {"queen": amazon_queen, "sky": steel_sky, "uqm": ur_quan}
+# The Ur-Quan Masters' pages are joined into utterances of at most this many seconds.
+UQM_MAX_SECONDS = 15.0
 
 
 class GameUnavailable(RuntimeError):
@@ -49,18 +53,31 @@ class Tally(collections.Counter):
     return ", ".join(f"{reason} {count}" for reason, count in self.most_common())
 
 
-def game_folder(game: str, cache_dir: str) -> str:
-  """The unpacked game data folder of `game` (queen | sky), fetched into the cache if needed.
-  GameUnavailable says what is missing."""
+def game_folder(game: str, cache_dir: str, package: str = "") -> str:
+  """The unpacked game data folder of `game` (queen | sky | uqm; `package`: another of its
+  packages, uqm's text), fetched into the cache if needed. GameUnavailable says what is
+  missing."""
   module = GAMES[game]
+  package = package or module.PACKAGE
   try:
-    root = packages.fetch(module.PACKAGE, cache_dir)
+    root = packages.fetch(package, cache_dir)
   except packages.PackageUnavailable as error:
     raise GameUnavailable(str(error)) from error
   folder = os.path.join(root, module.GAME_DIR)
   if not os.path.isdir(folder):
-    raise GameUnavailable(f"{module.PACKAGE} has no {module.GAME_DIR} (another version?)")
+    raise GameUnavailable(f"{package} has no {module.GAME_DIR} (another version?)")
   return folder
+
+
+def uqm_archives(cache_dir: str) -> ur_quan.Archives:
+  """The Ur-Quan Masters' voice pack and content, fetched into the cache if needed."""
+  voice = os.path.join(game_folder("uqm", cache_dir), ur_quan.VOICE_ARCHIVE)
+  content = os.path.join(game_folder("uqm", cache_dir, ur_quan.TEXT_PACKAGE),
+                         ur_quan.CONTENT_ARCHIVE)
+  for path in (voice, content):
+    if not os.path.isfile(path):
+      raise GameUnavailable(f"{path} is missing (another version of the packages?)")
+  return ur_quan.Archives(voice, content)
 
 
 # Stage directions and marks that are not spoken: <gulp>, (sigh), the trademark sign ^_.
@@ -135,6 +152,75 @@ def queen_lines(folder: str, tally: Tally, with_audio: bool = True) -> Iterator[
                          text, {}, audio)
     tally["clips no dialogue or cutaway names"] = sum(
         1 for n in index if n.endswith(".SB") and n not in seen)
+
+
+def uqm_lines(archives: ur_quan.Archives, tally: Tally, with_audio: bool = True,
+              max_seconds: float = UQM_MAX_SECONDS) -> Iterator[RecordedLine]:
+  """The Ur-Quan Masters' spoken pages, as the engine plays them, joined in clip order into
+  utterances of at most `max_seconds` (a page longer than that is one utterance alone): the
+  transcript is their lines, the audio the span they play. Left out, and counted: what
+  ur_quan.pages leaves, missing or undecodable clips, pages the clip ends before, utterances
+  that write numbers in digits or hold a placeholder (the words said are not the text's) and
+  utterances of stage directions only (counted in pages; "linked" counts utterances). Without
+  audio, the utterances are each clip's pages."""
+  rmp = archives.read(ur_quan.RESOURCE_MAP).decode("latin-1")
+  for conversation in ur_quan.conversations(rmp):
+    if conversation.text not in archives or conversation.stamps not in archives:
+      tally["race without text or stamps"] += 1
+      continue
+    found = ur_quan.pages(conversation, archives.read(conversation.text).decode("latin-1"),
+                          archives.read(conversation.stamps).decode("latin-1"), tally)
+    by_clip: dict[str, list] = {}
+    for page in found:
+      by_clip.setdefault(page.clip, []).append(page)
+    for clip, clip_pages in by_clip.items():
+      if clip not in archives:
+        tally["clip the pack lacks"] += len(clip_pages)
+        continue
+      samples, length = None, None
+      if with_audio:
+        try:
+          samples = ur_quan.decode_clip(archives.read(clip))
+        except Exception:  # pylint: disable=broad-except  # counted, never a crash
+          tally["undecodable clip"] += len(clip_pages)
+          continue
+        length = len(samples) / ur_quan.SAMPLE_RATE
+      for group in _uqm_utterances(clip_pages, length, max_seconds, tally):
+        text = clean_text(" ".join(page.text for page in group))
+        if re.search(r"[\d%$<>]", " ".join(page.text for page in group)):
+          tally["pages with digits or a placeholder"] += len(group)
+          continue
+        if not any(c.isalpha() for c in text):
+          tally["stage directions only"] += len(group)
+          continue
+        audio = None
+        if with_audio:
+          start, end = group[0].start, group[-1].end or length
+          audio = _to_16k(samples[int(start * ur_quan.SAMPLE_RATE):
+                                  int(end * ur_quan.SAMPLE_RATE)], ur_quan.SAMPLE_RATE)
+        tally["linked pages"] += len(group)
+        tally["linked"] += 1
+        name = clip.rsplit("/", 1)[-1][:-len(".ogg")]
+        yield RecordedLine(f"uqm_{name}_{clip_pages.index(group[0])}",
+                           f"uqm_{conversation.race}", text, {}, audio)
+
+
+def _uqm_utterances(clip_pages, length, max_seconds: float, tally: Tally) -> list[list]:
+  """A clip's pages in runs of at most `max_seconds` (`length`: the clip's, None = each page
+  alone); pages that start or end past the clip's end are counted and left out."""
+  if length is None:
+    return [[page] for page in clip_pages]
+  kept = [page for page in clip_pages if page.start < length and (page.end or 0) <= length]
+  tally["page past the clip's end"] += len(clip_pages) - len(kept)
+  groups = []
+  for page in kept:
+    end = page.end or length
+    if groups and end - groups[-1][0].start <= max_seconds and \
+        clip_pages.index(page) == clip_pages.index(groups[-1][-1]) + 1:
+      groups[-1].append(page)
+    else:
+      groups.append([page])
+  return groups
 
 
 # The games' fonts put German and Spanish letters on ASCII and high codes (sky's text).

@@ -1,4 +1,4 @@
-"""What the recorded-speech readers find in the two games: linked / left-out counts with their
+"""What the recorded-speech readers find in the three games: linked / left-out counts with their
 reasons, hours, and the speaking rates (characters per second) that show the links hold.
 
     python -m data_prep.embedded.recorded [--sample 400]
@@ -35,6 +35,14 @@ def main(argv=None):
   speakers = len({line.speaker for line in queen})
   print(f"Flight of the Amazon Queen: {tally.summary()}\n  {hours:.2f} h, {speakers} speaker "
         f"ids; {_rates(queen)}")
+  tally = recorded.Tally()
+  archives = recorded.uqm_archives(cache)
+  uqm = list(recorded.uqm_lines(archives, tally))
+  archives.close()
+  hours = sum(len(line.audio) for line in uqm) / SAMPLE_RATE / 3600
+  speakers = len({line.speaker for line in uqm})
+  print(f"The Ur-Quan Masters (pages): {tally.summary()}\n  {len(uqm)} utterances, "
+        f"{hours:.2f} h, {speakers} races; {_rates(uqm)}")
   tally = recorded.Tally()
   folder = recorded.game_folder("sky", cache)
   sky = recorded.sky_lines(folder, tally)
