@@ -2,9 +2,9 @@
 the embedded corpus, on a 2-core CPU.
 
 Builds the embedded English->Spanish corpus (Bible verses, World English Bible against
-Reina-Valera 1909, spoken by espeak-ng and flite voices; a third of The Ur-Quan Masters'
-recorded alien dialogue for ASR, and two games' dialogue text read by the same voices; Beneath
-a Steel Sky's recorded lines and Spanish subtitles held out), prepares
+Reina-Valera 1909, spoken by espeak-ng and flite voices; Flight of the Amazon Queen's recorded
+dialogue for ASR, and both games' dialogue text read by the same voices; Beneath a Steel Sky's
+recorded lines and Spanish subtitles held out), prepares
 it, trains the ASR stage (hybrid CTC/attention), a text model on the corpus's pairs and the
 second game's other lines whose decoder and encoder start the ST stage's, and the ST stage (the
 ASR encoder with a CTC loss on the source transcript, the text model's encoder stacked on it),
@@ -52,8 +52,7 @@ def get_config(arg=None):
   e.other_synthesizer_share = 0.5            # flite speaks half of the training utterances
   e.train_speakers_per_sentence = 1
   e.max_heldout = 300                        # dev and tst-COMMON: 300 verses each
-  e.recorded_train = "uqm"                   # + The Ur-Quan Masters' 27 races (ASR): more
-  e.uqm_share = 0.31                         # voices than Queen's cast in the same 3.4 h
+  e.recorded_train = "queen"                 # + Flight of the Amazon Queen's cast (ASR, 3.4 h)
   e.spoken_dialogue = "queen,sky"            # + both games' dialogue read by the training voices
                                              # (ASR; sky: its lines no real split holds)
   e.real_test, e.real_heldout = "sky", 300   # dev-real, tst-real: Beneath a Steel Sky's cast
