@@ -59,7 +59,6 @@ class Page:
   """One subtitle page of a clip: its text and where the engine plays it (seconds; end None:
   to the clip's end)."""
   clip: str
-  race: str
   text: str
   start: float
   end: float | None
@@ -153,7 +152,7 @@ def pages(conversation: Conversation, text: str, stamp_text: str, tally) -> list
     start = 0.0
     for k, line in enumerate(lines):
       end = start + times[k] / 1000 if k < len(times) else None
-      found.append(Page(conversation.clip_dir + clip, conversation.race, line, start, end))
+      found.append(Page(conversation.clip_dir + clip, line, start, end))
       start = end if end is not None else start
   return found
 
