@@ -34,6 +34,12 @@ The first part.
 #(NUMBERS)\tvux-003.ogg
 Go to 241.6 now.
 Then leave.
+
+#(OUT_TAKE_1)\tvux-004.ogg
+Did not!
+
+#(OUT_TAKE_2)\tvux-004.ogg
+Did too!
 """
 
 STAMPS = """#(HELLO) 1000,0,2000
@@ -41,6 +47,8 @@ STAMPS = """#(HELLO) 1000,0,2000
 #(TOO_FEW_STAMPS) 500
 #(SPLICED) 1500,1500
 #(NUMBERS) 1000
+#(OUT_TAKE_1) 500
+#(OUT_TAKE_2) 500
 """
 
 RMP = ("comm.vux.dialogue = CONVERSATION:base/comm/vux/vux.txt:addons/3dovoice/vux/:"
@@ -73,6 +81,7 @@ def make_archives(folder) -> ur_quan.Archives:
     z.writestr("3dovoice/vux/vux-001.ogg", _tones((1.5, 400)))
     z.writestr("3dovoice/vux/vux-002.ogg", _tones((1.5, 700), (1.5, 1500)))
     z.writestr("3dovoice/vux/vux-003.ogg", _tones((1.0, 400), (1.0, 900)))
+    z.writestr("3dovoice/vux/vux-004.ogg", _tones((0.5, 400), (0.5, 900)))
   with zipfile.ZipFile(content, "w") as z:
     z.writestr("base/comm/vux/vux.txt", TEXT)          # orz's conversation is not there
   return ur_quan.Archives(str(voice), str(content))
@@ -103,9 +112,10 @@ def test_pages_play_as_the_engine_cuts_them():
                                     ("It is ugly.", 3.0, None)]
   # More stamps than pages: the clip goes on with text spliced from elsewhere.
   assert by_clip["vux-002.ogg"] == [("The first part.", 0.0, 1.5)]
-  assert "vux-001.ogg" not in by_clip
+  assert "vux-001.ogg" not in by_clip and "vux-004.ogg" not in by_clip
   assert tally == {"block without a clip (the player's line)": 1,
-                   "clip block whose stamps are not its pages": 1}
+                   "clip block whose stamps are not its pages": 1,
+                   "block whose clip other blocks name too": 2}
 
 
 def test_uqm_lines_cut_each_clip_where_its_pages_play(tmp_path):
@@ -124,6 +134,7 @@ def test_uqm_lines_cut_each_clip_where_its_pages_play(tmp_path):
     assert heard == pytest.approx(tones, abs=15)
   assert tally == {"linked": 3, "linked pages": 4, "block without a clip (the player's line)": 1,
                    "clip block whose stamps are not its pages": 1,
+                   "block whose clip other blocks name too": 2,
                    "pages with digits or a placeholder": 2, "race without text or stamps": 1,
                    "page past the clip's end": 0}
   # Without a limit the clip's three pages are one utterance; without audio, a page each.

@@ -21,6 +21,7 @@ are Ogg Vorbis, 11,025 Hz mono. These are facts about the files; the code is our
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import io
 import re
@@ -131,13 +132,19 @@ def stamps(text: str) -> dict[str, list[int]]:
 
 def pages(conversation: Conversation, text: str, stamp_text: str, tally) -> list[Page]:
   """The spoken pages of a conversation with where each plays in its clip. Counted in `tally`
-  and left out: blocks without a clip (the player's), blocks without stamps, blocks whose stamps
-  are fewer than their pages less one."""
+  and left out: blocks without a clip (the player's), blocks whose clip other blocks name too
+  (the game's out-takes: one clip holds all their lines, so no block's stamps place its text),
+  blocks without stamps, blocks whose stamps are fewer than their pages less one."""
   durations = stamps(stamp_text)
+  blocks = text_blocks(text)
+  naming = collections.Counter(clip for _, clip, _ in blocks)
   found = []
-  for tag, clip, lines in text_blocks(text):
+  for tag, clip, lines in blocks:
     if not clip:
       tally["block without a clip (the player's line)"] += 1
+      continue
+    if naming[clip] > 1:
+      tally["block whose clip other blocks name too"] += 1
       continue
     if not lines:
       tally["clip block without text"] += 1
