@@ -185,9 +185,12 @@ def uqm_lines(archives: ur_quan.Archives, tally: Tally, with_audio: bool = True,
           tally["undecodable clip"] += len(clip_pages)
           continue
         length = len(samples) / ur_quan.SAMPLE_RATE
+      next_page = 0
       for group in _uqm_utterances(clip_pages, length, max_seconds, tally):
-        text = clean_text(" ".join(page.text for page in group))
-        if re.search(r"[\d%$<>]", " ".join(page.text for page in group)):
+        number, next_page = next_page, next_page + len(group)   # the clip's page it starts at
+        written = " ".join(page.text for page in group)
+        text = clean_text(written)
+        if re.search(r"[\d%$<>]", written):
           tally["pages with digits or a placeholder"] += len(group)
           continue
         if not any(c.isalpha() for c in text):
@@ -201,13 +204,15 @@ def uqm_lines(archives: ur_quan.Archives, tally: Tally, with_audio: bool = True,
         tally["linked pages"] += len(group)
         tally["linked"] += 1
         name = clip.rsplit("/", 1)[-1][:-len(".ogg")]
-        yield RecordedLine(f"uqm_{name}_{clip_pages.index(group[0])}",
+        yield RecordedLine(f"uqm_{name}_{number}",
                            f"uqm_{conversation.race}", text, {}, audio)
 
 
 def _uqm_utterances(clip_pages, length, max_seconds: float, tally: Tally) -> list[list]:
   """A clip's pages in runs of at most `max_seconds` (`length`: the clip's, None = each page
-  alone); pages that start or end past the clip's end are counted and left out."""
+  alone); pages that start or end past the clip's end are counted and left out. A clip's
+  pages are one block's (ur_quan.pages) and play in turn, so those kept are its first pages,
+  and the runs cover them in order."""
   if length is None:
     return [[page] for page in clip_pages]
   kept = [page for page in clip_pages if page.start < length and (page.end or 0) <= length]
@@ -215,8 +220,7 @@ def _uqm_utterances(clip_pages, length, max_seconds: float, tally: Tally) -> lis
   groups = []
   for page in kept:
     end = page.end or length
-    if groups and end - groups[-1][0].start <= max_seconds and \
-        clip_pages.index(page) == clip_pages.index(groups[-1][-1]) + 1:
+    if groups and end - groups[-1][0].start <= max_seconds:
       groups[-1].append(page)
     else:
       groups.append([page])
