@@ -12,6 +12,16 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
+# On a GPU the suite asks for what the CPU does anyway: float32 matrix products in float32
+# (XLA:GPU's default is TF32, about three significant digits, where the tests compare with
+# numpy references to float32 rounding) and run-to-run identical results (the resume tests
+# compare parameters bit for bit).
+from multiformer_jax.runtime import xla_flags  # pylint: disable=wrong-import-position
+
+ON_GPU = xla_flags.cuda_plugin_installed()
+if ON_GPU and "xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] += " --xla_gpu_deterministic_ops=true"
+
 import jax  # pylint: disable=wrong-import-position  (after XLA_FLAGS: read when jax starts)
 import numpy as np
 import pytest
@@ -25,6 +35,8 @@ from data_prep.audio import SAMPLE_RATE
 jax.config.update("jax_compilation_cache_dir",
                   os.path.join(os.path.expanduser("~"), ".cache", "multiformer_jax", "jax-tests"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+if ON_GPU:
+  jax.config.update("jax_default_matmul_precision", "highest")
 
 RNG = np.random.default_rng(0)
 WORDS = "the cat sat on a mat and then it ran to see the dog in the sun".split()

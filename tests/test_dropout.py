@@ -169,10 +169,13 @@ def test_add_residual_keeps_values_and_gradients_and_materialises_the_cotangent(
   jax.tree_util.tree_map(np.testing.assert_array_equal, grads, expected_grads)
   # On the CPU each residual's cotangent goes through a conditional that XLA keeps; a NaN in
   # the cotangent makes it NaN everywhere (the update is discarded anyway), never finite.
+  # Elsewhere add_residual is the plain add, checked equal above.
+  materialised = jax.default_backend() in fusable.MATERIALISE_ON
   hlo = ours.lower(x, weights, key).compile().as_text()
-  assert hlo.count(" conditional(") == (len(weights) if jax.default_backend() == "cpu" else 0)
-  nan_x = x.at[0, 0, 0].set(jnp.nan)
-  assert not np.isfinite(np.asarray(ours(nan_x, weights, key)[1][0])).any()
+  assert hlo.count(" conditional(") == (len(weights) if materialised else 0)
+  if materialised:
+    nan_x = x.at[0, 0, 0].set(jnp.nan)
+    assert not np.isfinite(np.asarray(ours(nan_x, weights, key)[1][0])).any()
   empty = jnp.zeros((0, 8))
   np.testing.assert_array_equal(jax.grad(lambda a: jnp.sum(fusable.add_residual(a, a)))(empty),
                                 empty)

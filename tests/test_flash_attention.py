@@ -96,7 +96,7 @@ def test_keep_threshold_is_bernoullis_comparison(rate):
   np.testing.assert_array_equal(mantissas < threshold, uniform < np.float32(1.0 - rate))
 
 
-def test_refusals_name_the_value_and_what_is_valid():
+def test_refusals_name_the_value_and_what_is_valid(monkeypatch):
   q, k, v = random_qkv(1, 4, 4, 1, 12)
   mask = jnp.ones((1, 4), bool)
   with pytest.raises(ValueError, match="head_dim 12 is not one of \\(16, 32, 64, 128\\)"):
@@ -106,6 +106,7 @@ def test_refusals_name_the_value_and_what_is_valid():
     interpreted(q, k, v, mask, 0.1)
   with pytest.raises(ValueError, match="must be in \\[0, 1\\), got 1.0"):
     interpreted(q, k, v, mask, 1.0, jax.random.PRNGKey(0))
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   assert "backend is 'cpu'" in fused.flash_unsupported(q.astype(jnp.bfloat16), k)
 
 
@@ -149,9 +150,10 @@ def test_auto_runs_full_and_conv_heads_through_the_kernel_while_dropout_is_activ
   assert on_gpu_interpreted == []
 
 
-def test_forcing_flash_where_it_cannot_run_names_the_reason():
+def test_forcing_flash_where_it_cannot_run_names_the_reason(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   q = jnp.zeros((1, 4, 2, 64), jnp.bfloat16)
-  assert not fused.use_flash("auto", q, q, 0.1)          # this CPU
+  assert not fused.use_flash("auto", q, q, 0.1)
   with pytest.raises(ValueError, match="'flash' cannot run here: the backend is 'cpu'"):
     fused.use_flash("flash", q, q, 0.1)
 

@@ -48,9 +48,10 @@ def test_cudnn_applies_only_where_it_computes_the_same_function(on_gpu, dtype, h
   assert not fused.use_cudnn("xla", q, rate)
 
 
-def test_forcing_cudnn_where_it_cannot_run_names_the_reason():
+def test_forcing_cudnn_where_it_cannot_run_names_the_reason(monkeypatch):
+  monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
   q = jnp.zeros((1, 4, 2, 64), jnp.bfloat16)
-  assert not fused.use_cudnn("auto", q, 0.0)          # this CPU
+  assert not fused.use_cudnn("auto", q, 0.0)
   with pytest.raises(ValueError, match="cannot run here: the backend is 'cpu'"):
     fused.use_cudnn("cudnn", q, 0.0)
   with pytest.raises(ValueError, match="valid: \\('auto', 'xla', 'cudnn', 'flash'\\)"):
