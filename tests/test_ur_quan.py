@@ -2,6 +2,7 @@
 and stamps, Ogg Vorbis clips of tones): pages cut as the engine plays them, what is left out and
 counted, utterances of at most max_seconds, and a real split's words kept out of training."""
 
+import contextlib
 import io
 import zipfile
 
@@ -149,7 +150,7 @@ def test_the_training_split_leaves_out_what_a_real_split_says(monkeypatch):
   uqm = [recorded.RecordedLine(f"uqm_a_{n}", "uqm_vux", f"Sky line {n}!", {}) for n in range(30)]
   monkeypatch.setattr(recorded, "game_folder", lambda game, cache_dir, package="": game)
   monkeypatch.setattr(recorded, "sky_lines", lambda folder, tally: sky)
-  monkeypatch.setattr(recorded, "uqm_archives", lambda cache_dir: None)
+  monkeypatch.setattr(recorded, "uqm_archives", lambda cache_dir: contextlib.nullcontext())
   monkeypatch.setattr(recorded, "uqm_lines", lambda archives, tally: iter(uqm))
   written = []
   monkeypatch.setattr(build, "_recorded_talks",

@@ -22,6 +22,7 @@ place).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -317,21 +318,22 @@ def _recorded_train_split(root: str, spec: CorpusSpec, progress: bool = True, lo
   lines = []
   for game in (g for g in RECORDED_GAMES if g in spec.recorded_train):
     tally = recorded.Tally()
-    if game == "queen":
-      found = recorded.queen_lines(recorded.game_folder(game, spec.package_cache()), tally)
-    else:
-      archives = recorded.uqm_archives(spec.package_cache())
-      found = recorded.uqm_lines(archives, tally)
-    share = spec.uqm_share if game == "uqm" else 1.0
-    drawn = np.random.default_rng([spec.seed, 41])
-    for line in found:
-      if drawn.random() >= share:
-        tally["linked, left out: beyond uqm_share"] += 1
-        continue
-      if recorded.text_key(line.text) in held_keys:
-        tally["linked, left out: says a real split's line"] += 1
-        continue
-      lines.append(line)
+    with contextlib.ExitStack() as open_archives:
+      if game == "queen":
+        found = recorded.queen_lines(recorded.game_folder(game, spec.package_cache()), tally)
+      else:
+        archives = open_archives.enter_context(recorded.uqm_archives(spec.package_cache()))
+        found = recorded.uqm_lines(archives, tally)
+      share = spec.uqm_share if game == "uqm" else 1.0
+      drawn = np.random.default_rng([spec.seed, 41])
+      for line in found:
+        if drawn.random() >= share:
+          tally["linked, left out: beyond uqm_share"] += 1
+          continue
+        if recorded.text_key(line.text) in held_keys:
+          tally["linked, left out: says a real split's line"] += 1
+          continue
+        lines.append(line)
     log(f"{RECORDED_GAMES[game]}: {tally.summary()}")
   return _recorded_talks(root, "train", lines, "en", lambda line: line.text, spec.seed,
                          progress)

@@ -36,9 +36,8 @@ def main(argv=None):
   print(f"Flight of the Amazon Queen: {tally.summary()}\n  {hours:.2f} h, {speakers} speaker "
         f"ids; {_rates(queen)}")
   tally = recorded.Tally()
-  archives = recorded.uqm_archives(cache)
-  uqm = list(recorded.uqm_lines(archives, tally))
-  archives.close()
+  with recorded.uqm_archives(cache) as archives:
+    uqm = list(recorded.uqm_lines(archives, tally))
   hours = sum(len(line.audio) for line in uqm) / SAMPLE_RATE / 3600
   speakers = len({line.speaker for line in uqm})
   print(f"The Ur-Quan Masters (pages): {tally.summary()}\n  {len(uqm)} utterances, "

@@ -96,6 +96,12 @@ class Archives:
     self.voice.close()
     self.content.close()
 
+  def __enter__(self) -> "Archives":
+    return self
+
+  def __exit__(self, *exc_info):
+    self.close()
+
 
 def conversations(resource_map: str) -> list[Conversation]:
   """The conversations a voice pack's resource map names, in its order."""
