@@ -27,6 +27,20 @@ def test_prefix_key_call_equals_numpy_softmax_with_padding():
   assert np.isfinite(np.asarray(out)).all()
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN runs on a GPU only")
+@pytest.mark.parametrize("head_dim", [8, 64])
+def test_cudnn_call_equals_numpy_softmax_on_a_gpu(head_dim):
+  """The same call through cuDNN itself, in bf16 (the smallest head_dim 'auto' sends to it, and
+  the papers' 64): numpy's softmax of the same bf16 inputs, to bf16 rounding."""
+  q, k, v = (x.astype(jnp.bfloat16) for x in qkv(3, 11, 2, head_dim))
+  lengths = np.array([11, 6, 0])
+  key_mask = jnp.asarray(np.arange(11)[None] < lengths[:, None])
+  out = fused.prefix_key_attention(q, k, v, key_mask, implementation="cudnn")
+  ref = np_attention(*(np.asarray(x, np.float32) for x in (q, k, v)),
+                     np.asarray(key_mask)[:, None, None, :])
+  np.testing.assert_allclose(np.asarray(out[:2], np.float32), ref[:2], atol=0.05)
+
+
 @pytest.fixture
 def on_gpu(monkeypatch):
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
