@@ -22,7 +22,6 @@ place).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import functools
 import json
@@ -101,10 +100,7 @@ def _engine_problem(engine: str, cache_dir: str) -> str:
 def _game_problem(game: str, cache_dir: str) -> str:
   """Why `game`'s recorded speech cannot be had here ("" if it can), asked once per process."""
   try:
-    if game == "uqm":
-      recorded.uqm_archives(cache_dir).close()
-    else:
-      recorded.game_folder(game, cache_dir)
+    recorded.check_available(game, cache_dir)
   except recorded.GameUnavailable as error:
     return str(error)
   return ""
@@ -318,12 +314,7 @@ def _recorded_train_split(root: str, spec: CorpusSpec, progress: bool = True, lo
   lines = []
   for game in (g for g in RECORDED_GAMES if g in spec.recorded_train):
     tally = recorded.Tally()
-    with contextlib.ExitStack() as open_archives:
-      if game == "queen":
-        found = recorded.queen_lines(recorded.game_folder(game, spec.package_cache()), tally)
-      else:
-        archives = open_archives.enter_context(recorded.uqm_archives(spec.package_cache()))
-        found = recorded.uqm_lines(archives, tally)
+    with recorded.training_lines(game, spec.package_cache(), tally) as found:
       share = spec.uqm_share if game == "uqm" else 1.0
       drawn = np.random.default_rng([spec.seed, 41])
       for line in found:

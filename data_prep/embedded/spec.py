@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from data_prep.common import packages
-from data_prep.embedded import voices
+from data_prep.embedded import recorded, voices
 from data_prep.embedded.text import TEXT_SOURCES, bible
 
 SPLITS = ("train", "dev", "tst-COMMON")
@@ -26,8 +26,9 @@ REAL_SPLITS = ("dev-real", "tst-real")
 NARROWBAND_SPLIT = "tst-COMMON-5k"
 RECORDED_GAMES = {"queen": "Flight of the Amazon Queen", "uqm": "The Ur-Quan Masters",
                   "sky": "Beneath a Steel Sky"}
-# The games whose recorded dialogue can train, and those whose text the voices can read.
-RECORDED_TRAIN_GAMES = ("queen", "uqm")
+# The games whose recorded dialogue can train (the readers'), and those whose text the voices
+# can read.
+RECORDED_TRAIN_GAMES = recorded.TRAINING_GAMES
 SPOKEN_DIALOGUE_GAMES = ("queen", "sky")
 # The languages of sky's subtitles that a real split can translate into.
 REAL_TEST_LANGUAGES = ("es", "de")

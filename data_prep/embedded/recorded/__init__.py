@@ -1,4 +1,4 @@
-"""Recorded speech of real people, from two freeware games Debian packages with their text.
+"""Recorded speech of real people, from three games Debian packages with their text.
 
 - amazon_queen: Flight of the Amazon Queen's dialogue, ~4,000 clips of its cast; it joins the
   ASR training (an X-X pair: transcripts, no translation).
@@ -8,14 +8,16 @@
   can join the ASR training as Flight of the Amazon Queen's does.
 
 `queen_lines`, `uqm_lines` and `sky_lines` yield `RecordedLine`s (16 kHz audio, cleaned text) and count
-what they leave out, with the reason, in a `Tally`. `game_folder` fetches a game's package
-(apt-get download + dpkg-deb -x into the cache, as the Bible's); `GameUnavailable` says what
-is missing where it cannot be had.
+what they leave out, with the reason, in a `Tally`; `training_lines` opens either training
+game's. `game_folder` fetches a game's package (apt-get download + dpkg-deb -x into the cache,
+as the Bible's); `check_available` and `GameUnavailable` say what is missing where a game
+cannot be had.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import re
@@ -78,6 +80,32 @@ def uqm_archives(cache_dir: str) -> ur_quan.Archives:
     if not os.path.isfile(path):
       raise GameUnavailable(f"{path} is missing (another version of the packages?)")
   return ur_quan.Archives(voice, content)
+
+
+def check_available(game: str, cache_dir: str):
+  """Fetches what `game` (queen | sky | uqm) reads, if needed; GameUnavailable says what is
+  missing."""
+  if game == "uqm":
+    uqm_archives(cache_dir).close()
+  else:
+    game_folder(game, cache_dir)
+
+
+# The games whose lines can join the ASR training, in the order they join it.
+TRAINING_GAMES = ("queen", "uqm")
+
+
+@contextlib.contextmanager
+def training_lines(game: str, cache_dir: str, tally: Tally) -> Iterator[Iterator[RecordedLine]]:
+  """-> the lines of a training game (one of TRAINING_GAMES), read while the context is
+  open (The Ur-Quan Masters' archives close with it)."""
+  if game == "queen":
+    yield queen_lines(game_folder(game, cache_dir), tally)
+  elif game == "uqm":
+    with uqm_archives(cache_dir) as archives:
+      yield uqm_lines(archives, tally)
+  else:
+    raise ValueError(f"recorded training game {game!r}; valid: {TRAINING_GAMES}")
 
 
 # Stage directions and marks that are not spoken: <gulp>, (sigh), the trademark sign ^_.
