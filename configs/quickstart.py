@@ -52,7 +52,7 @@ def get_config(arg=None):
   e.other_synthesizer_share = 0.5            # flite speaks half of the training utterances
   e.train_speakers_per_sentence = 1
   e.max_heldout = 300                        # dev and tst-COMMON: 300 verses each
-  e.recorded_train = "queen"                 # + Flight of the Amazon Queen's cast (ASR, 3.4 h)
+  e.recorded_train, e.uqm_share = "uqm", 0.2  # + a fifth of The Ur-Quan Masters' 27 races (ASR, 2.2 h)
   e.spoken_dialogue = "queen,sky"            # + both games' dialogue read by the training voices
                                              # (ASR; sky: its lines no real split holds)
   e.real_test, e.real_heldout = "sky", 300   # dev-real, tst-real: Beneath a Steel Sky's cast
