@@ -15,14 +15,15 @@
 # $OUT/pytest.log (default OUT=/tmp/gpu_tests).
 set -uo pipefail
 
-WHEELS="array_record==0.8.6 cffi==2.1.1 dm-tree==0.1.10 docstring_parser==0.18.0
-  espeakng-loader==0.2.4 flax==0.12.8 ftfy==6.3.1 googleapis-common-protos==1.76.0
-  immutabledict==4.3.1 importlib_resources==7.1.0 jiwer==4.0.0 kaldi-native-fbank==1.23.0
-  langcodes==3.5.1 locate==1.1.1 ml_collections==1.1.0 optax==0.2.8 orbax-checkpoint==0.12.8
-  polib==1.2.0 pycparser==3.12 RapidFuzz==3.14.6 simple-parsing==0.1.9 soundfile==0.13.1
-  soxr==1.1.0 tensorboardX==2.6.5 tensorflow-datasets==4.9.10 tensorflow-metadata==1.21.0
+# Pinned in requirements.txt (the versions are read from it), then what they need that the
+# image lacks, pinned as this machine's venv resolved them.
+REQUIRED="array-record espeakng-loader flax importlib_resources jiwer kaldi-native-fbank
+  ml_collections optax orbax-checkpoint polib soundfile soxr tensorboardX tensorflow-datasets"
+DEPENDENCIES="cffi==2.1.1 dm-tree==0.1.10 docstring_parser==0.18.0 ftfy==6.3.1
+  googleapis-common-protos==1.76.0 immutabledict==4.3.1 langcodes==3.5.1 locate==1.1.1
+  pycparser==3.12 RapidFuzz==3.14.6 simple-parsing==0.1.9 tensorflow-metadata==1.21.0
   termcolor==3.3.0 toml==0.10.2 wcwidth==0.9.4"
-SDISTS="promise==2.3 pysword==0.2.8"       # no wheels on PyPI: built here
+SDISTS="promise==2.3"                      # no wheels on PyPI: built here, with pysword
 EXCLUDE="bible_and_synthesizers embedded_corpus ding recorded_speech ur_quan packaging docs
   local_cpu_kernel kernel_cpu_kernel host_memory benchmark_flops benchmark_results"
 
@@ -35,11 +36,18 @@ if [ "${1:-}" = fetch ]; then
              manylinux_2_28 manylinux_2_31 manylinux_2_34; do
     platforms="$platforms --platform ${tag}_x86_64"
   done
+  pin() {   # name -> its line in requirements.txt (name==version), or a stop
+    grep -iE "^$1==" requirements.txt || { echo "requirements.txt pins no $1" >&2; exit 1; }
+  }
+  required=$(for name in $REQUIRED; do pin "$name" || exit 1; done) || exit 1
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-      --implementation cp $platforms -d .whl $WHEELS || exit 1
-  python3 -m pip wheel -q --no-deps -w .whl $SDISTS || exit 1
-  python3 -m pip download -q --no-deps -d /tmp/wordfreq_wheel wordfreq==3.1.1 || exit 1
-  python3 -m zipfile -e /tmp/wordfreq_wheel/wordfreq-3.1.1-py3-none-any.whl /tmp/wordfreq_pkg
+      --implementation cp $platforms -d .whl $required $DEPENDENCIES || exit 1
+  pysword=$(pin pysword) || exit 1
+  wordfreq=$(pin wordfreq) || exit 1
+  python3 -m pip wheel -q --no-deps -w .whl $SDISTS "$pysword" || exit 1
+  rm -rf /tmp/wordfreq_wheel /tmp/wordfreq_pkg
+  python3 -m pip download -q --no-deps -d /tmp/wordfreq_wheel "$wordfreq" || exit 1
+  python3 -m zipfile -e /tmp/wordfreq_wheel/wordfreq-*.whl /tmp/wordfreq_pkg
   cp -r /tmp/wordfreq_pkg/wordfreq .whl/site/
   find .whl/site/wordfreq/data -type f ! -name '*_en.msgpack.gz' ! -name '*_es.msgpack.gz' \
       ! -name '*_de.msgpack.gz' -delete
