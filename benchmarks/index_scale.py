@@ -94,7 +94,7 @@ def write_root(root: str, segments: int, seed: int = 0):
 
 def prepare_form(fairseq_index: str, out: str):
   """The same rows as data_prep.prepare's output: its index columns and vocabularies, a
-  prepared.json of its form (no tfds: the features are not read)."""
+  prepared.json of its form (no feature files: the features are not read)."""
   from data_prep import index_io  # pylint: disable=import-outside-toplevel
   os.makedirs(os.path.join(out, "index"), exist_ok=True)
   with open(os.path.join(fairseq_index, "prepared.json"), encoding="utf-8") as f:
@@ -103,6 +103,8 @@ def prepare_form(fairseq_index: str, out: str):
     index = index_io.load(os.path.join(fairseq_index, "index", f"{split}.npz"))
     for name in ("audio_file", "audio_offset", "audio_length"):
       index.pop(name)
+    rows = len(index["n_frames"])
+    index.update(feature_file=np.zeros(rows, np.int32), feature_offset=np.zeros(rows, np.int64))
     index_io.save(os.path.join(out, "index", f"{split}.npz"), index)
   vocabularies = {}
   for task, entry in summary["vocab"].items():
@@ -110,8 +112,10 @@ def prepare_form(fairseq_index: str, out: str):
     vocabularies[task] = {"model": f"spm_{task}.model", "size": 0}
   with open(os.path.join(out, "prepared.json"), "w", encoding="utf-8") as f:
     json.dump({"corpus": "mustc", "root": "", "pairs": summary["pairs"], "eval_only_pairs": [],
-               "splits": summary["splits"], "tfds_dir": "tfds", "vocab": vocabularies,
-               "gcmvn": None}, f)
+               "splits": summary["splits"], "features": "frames", "feature_dim": 80,
+               "feature_files": {split: [f"frames/{split}/00000-of-00001.f32"]
+                                 for split in summary["splits"]},
+               "vocab": vocabularies, "gcmvn": None}, f)
 
 
 def mustc_form(root: str, out: str) -> str:

@@ -102,6 +102,23 @@ def utterance_cmvn(features: np.ndarray) -> np.ndarray:
   return ((features - mean) / np.sqrt(var)).astype(np.float32)
 
 
+def utterance_cmvn_in_place(features: np.ndarray, scratch: np.ndarray | None = None):
+  """utterance_cmvn of float32 `features` [frames, bins], written over them: the same
+  arithmetic (bit-identical results: tests/test_loader.py) in a float64 `scratch` of at least
+  that shape instead of new temporaries. The squares are summed frame after frame as numpy's
+  mean over axis 0 sums them; the division is in float64, rounded once to float32."""
+  frames = len(features)
+  wide = (np.empty(features.shape) if scratch is None else scratch)[:frames]   # [frames, bins]
+  mean = features.mean(axis=0)
+  np.copyto(wide, features)
+  squares = np.einsum("ij,ij->j", wide, wide)                                   # [bins]
+  var = np.maximum(squares / frames - mean.astype(np.float64) ** 2, VARIANCE_FLOOR)
+  np.subtract(features, mean, out=features)
+  np.copyto(wide, features)
+  wide /= np.sqrt(var)
+  np.copyto(features, wide, casting="same_kind")
+
+
 @dataclasses.dataclass
 class GlobalCMVNStats:
   """Running sums for fairseq's GlobalCMVN (mean/std over training frames)."""
@@ -176,8 +193,13 @@ class SpecAugment:
     """Masks with the spectrogram's mean; randomness only from `rng` (seeded by the caller
     from the run seed, epoch and utterance, so a resumed run sees the same masks)."""
     out = features.copy()
+    self.apply_in_place(out, rng)
+    return out
+
+  def apply_in_place(self, out: np.ndarray, rng: np.random.Generator):
+    """What __call__ returns, written over `out`."""
     frames, bins = out.shape
-    value = features.mean()
+    value = out.mean()
     for _ in range(self.freq_mask_n):
       f = int(rng.integers(0, self.freq_mask_f))
       f0 = int(rng.integers(0, max(bins - f, 1)))
@@ -185,13 +207,12 @@ class SpecAugment:
         out[:, f0:f0 + f] = value
     max_t = min(self.time_mask_t, math.floor(frames * self.time_mask_p))
     if max_t < 1:
-      return out
+      return
     for _ in range(self.time_mask_n):
       t = int(rng.integers(0, max_t))
       t0 = int(rng.integers(0, max(frames - t, 1)))
       if t:
         out[t0:t0 + t, :] = value
-    return out
 
 
 # The policies of the SpecAugment paper (Park et al., 2019, table 1) as fairseq's S2T prep

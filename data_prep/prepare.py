@@ -1,4 +1,4 @@
-"""Corpus on disk -> sharded TFDS dataset, index, SentencePiece models and a prep report.
+"""Corpus on disk -> sharded flat feature files, index, SentencePiece models and a prep report.
 
     python -m data_prep.prepare --corpus mustc --root data/embedded --pairs en-de \
         --out data/prepared/embedded_en_de --asr-vocab 1000 --st-vocab 1000
@@ -12,14 +12,14 @@ Steps (fairseq's MuST-C recipe, REFERENCE §2):
    fewer than 5 frames or empty text everywhere, more than 3000 frames in train; unreadable
    audio, segments past the end and non-finite features are skipped, every skip and repair
    counted by reason. A talk's features are cached atomically under `features/` until its
-   shard is complete, then the talk is streamed into the shard's ArrayRecord file, which
-   appears (a rename) with a sidecar `shards/{split}/*.json` (index columns, talk reports,
+   shard is complete, then the talk is streamed into the shard's flat float32 file
+   (`frames/{split}/`, data_prep.feature_store: read in place by offset, no decoding), which
+   appears (a rename) after its sidecar `shards/{split}/*.json` (index columns, talk reports,
    CMVN sums). Memory per worker is one talk, whatever the corpus size; a kill loses at most
    the talks in flight, and a rerun finishes the rest.
-3. The shards' metadata makes them a TFDS dataset (`tfds/`, renamed into place when complete);
-   an index per split (`index/{split}.npz`: lengths, texts, tags in data-source order), global
-   CMVN statistics from the train shards and the SentencePiece models come from the sidecars,
-   without reading the features again.
+3. An index per split (`index/{split}.npz`: lengths, texts, tags, each row's shard file and
+   offset, in shard order), global CMVN statistics from the train shards and the SentencePiece
+   models come from the sidecars, without reading the features again.
 `prepared.json` is written last: its presence means the preparation is complete. The records
 and their order depend only on the corpus, not on the number of workers.
 
@@ -41,7 +41,7 @@ import signal
 
 import numpy as np
 
-from data_prep import corpora, fairseq_data, features, index_io, tfds_dataset, vocab
+from data_prep import corpora, fairseq_data, feature_store, features, index_io, vocab
 from data_prep.common import cli_errors
 from data_prep.audio import AudioError, cut_segment, load_audio
 from data_prep.common.progress import progress_bar
@@ -50,7 +50,8 @@ MIN_FRAMES = 5
 MAX_TRAIN_FRAMES = 3000
 GCMVN_MAX_UTTERANCES = 150_000
 EXAMPLES_PER_REASON = 20
-META_FIELDS = tfds_dataset.TEXT_FIELDS
+META_FIELDS = ("id", "talk", "speaker", "source_text", "target_text", "source_lang",
+               "target_lang", "domain")
 FRAMES_PER_SECOND = 100
 FAULT_ENV = "MULTIFORMER_JAX_FAULT"            # as multiformer_jax.runtime.faults (tests only)
 # About 320 MB of float32 features per shard: MuST-C En-De train (~400 h) is ~150 shards.
@@ -195,7 +196,7 @@ def _fault_point(name: str):
 
 
 def write_shard(job) -> dict:
-  """Worker: the talks of one shard -> its ArrayRecord file and sidecar; returns the sidecar.
+  """Worker: the talks of one shard -> its feature file and sidecar; returns the sidecar.
   A shard already written is not redone."""
   shard_path, sidecar_path, talk_jobs, is_train, fault_name = job
   if os.path.exists(shard_path) and os.path.exists(sidecar_path):
@@ -204,19 +205,22 @@ def write_shard(job) -> dict:
     reports = [process_talk(talk) for talk in talk_jobs]
     columns = collections.defaultdict(list)
     stats = features.GlobalCMVNStats()
-    with tfds_dataset.ShardWriter(shard_path) as writer:
+    count = 0
+    with feature_store.ShardWriter(shard_path, features.NUM_MEL_BINS) as writer:
       for cache_path, _, _ in talk_jobs:
         for example in _talk_examples(cache_path):
-          writer.write(example)
+          columns["feature_offset"].append(writer.write(example["fbank"]))
           columns["n_frames"].append(int(example["n_frames"]))
           for name in META_FIELDS:
             columns[name].append(example[name])
           if is_train:
             stats.add(example["fbank"])
-      sidecar = {"count": writer.count, "num_bytes": writer.num_bytes, "talks": reports,
+          count += 1
+      sidecar = {"count": count, "num_bytes": writer.rows * 4 * features.NUM_MEL_BINS,
+                 "talks": reports,
                  "index": columns,
                  "cmvn": None if not stats.count else {
-                     "utterances": writer.count, "frames": stats.count,
+                     "utterances": count, "frames": stats.count,
                      "sum": stats.total.tolist(), "sum_sq": stats.total_sq.tolist()}}
       _atomic_json(sidecar_path, sidecar)          # before the shard appears (on close)
   except OSError as error:
@@ -240,10 +244,14 @@ def without_index(sidecar: dict) -> dict:
 
 
 def write_split_index(path: str, sidecar_paths: list[str]):
-  """index/{split}.npz from the shards' sidecars, read one at a time into arrays."""
+  """index/{split}.npz from the shards' sidecars (in shard order), read one at a time into
+  arrays; `feature_file` is the row's shard."""
   builder = index_io.ColumnsBuilder()
-  for sidecar_path in sidecar_paths:
-    builder.add(_read_json(sidecar_path)["index"])
+  for shard, sidecar_path in enumerate(sidecar_paths):
+    columns = _read_json(sidecar_path)["index"]
+    if columns:                                   # a shard of talks without usable segments
+      builder.add({**columns,
+                   "feature_file": np.full(len(columns["n_frames"]), shard, np.int32)})
   builder.save(path)
 
 
@@ -321,7 +329,6 @@ def plan_jobs(corpus: str, root: str, pairs: list[str], out: str, splits: list[s
                                      pairs + list(train_only_pairs), s)
              for i, s in enumerate(splits)}
   records[splits[0]] = speed_perturbed(records[splits[0]], speed_perturb, speed_perturb_domains)
-  data_dir = os.path.join(out, "tfds")
   plan_path = os.path.join(out, "shards", "plan.json")
   os.makedirs(os.path.dirname(plan_path), exist_ok=True)
   plan = _read_json(plan_path) if os.path.exists(plan_path) else {}
@@ -339,7 +346,7 @@ def plan_jobs(corpus: str, root: str, pairs: list[str], out: str, splits: list[s
       plan[split] = plan_shards(talk_jobs, shard_frames, workers)
     n = len(plan[split])
     jobs[split] = [
-        (os.path.join(tfds_dataset.staging_dir(data_dir), tfds_dataset.shard_filename(split, k, n)),
+        (feature_store.shard_path(out, split, k, n),
          os.path.join(out, "shards", split, f"{k:05d}-of-{n:05d}.json"),
          [talk_jobs[i] for i in talk_ids], split == "train", f"prepare.{split}.shard:{k}")
         for k, talk_ids in enumerate(plan[split])]
@@ -372,27 +379,18 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   jobs, segments = plan_jobs(corpus, root, pairs, out, splits, workers, shard_frames,
                              eval_only_pairs, speed_perturb, train_only_pairs,
                              speed_perturb_domains)
-  data_dir = os.path.join(out, "tfds")
-
   sidecars = {}
-  if tfds_dataset.is_complete(data_dir):
-    sidecars = {split: [without_index(_read_json(j[1])) for j in js]
-                for split, js in jobs.items()}
-  else:
-    os.makedirs(tfds_dataset.staging_dir(data_dir), exist_ok=True)
-    all_jobs = [job for split in splits for job in jobs[split]]
+  all_jobs = [job for split in splits for job in jobs[split]
+              if not (os.path.exists(job[0]) and os.path.exists(job[1]))]
+  if all_jobs:
     # A fresh process per shard (maxtasksperchild=1): a worker's peak is one shard's, not
     # one shard's plus what earlier shards left in its heap.
     with multiprocessing.get_context("spawn").Pool(min(workers, len(all_jobs)),
                                                    maxtasksperchild=1) as pool:
-      results = list(progress_bar(pool.imap(write_shard, all_jobs), total=len(all_jobs),
-                          desc="features -> shards", unit="shard", disable=not progress))
-    start = 0
-    for split in splits:
-      sidecars[split] = results[start:start + len(jobs[split])]
-      start += len(jobs[split])
-    tfds_dataset.finalize(data_dir, {s: [c["count"] for c in sidecars[s]] for s in splits},
-                          {s: sum(c["num_bytes"] for c in sidecars[s]) for s in splits})
+      list(progress_bar(pool.imap_unordered(write_shard, all_jobs), total=len(all_jobs),
+                        desc="features -> shards", unit="shard", disable=not progress))
+  for split in splits:                  # every shard and its sidecar are written now
+    sidecars[split] = [without_index(_read_json(job[1])) for job in jobs[split]]
 
   report = {split: _split_report(segments[split], sidecars[split]) for split in splits}
   for split, r in report.items():
@@ -427,7 +425,10 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   summary = {"corpus": corpus, "root": ",".join(map(os.path.abspath, root.split(","))),
              "pairs": pairs, "eval_only_pairs": eval_only_pairs,
              "train_only_pairs": train_only_pairs, "text_only": text_only,
-             "splits": {s: report[s]["kept"] for s in splits}, "tfds_dir": "tfds",
+             "splits": {s: report[s]["kept"] for s in splits},
+             "features": feature_store.FORMAT, "feature_dim": features.NUM_MEL_BINS,
+             "feature_files": {s: feature_store.relative_files(out, s, len(jobs[s]))
+                               for s in splits},
              "shards": {s: len(jobs[s]) for s in splits},
              "vocab": {task: {"model": os.path.basename(p), "size": vocab.Vocabulary(p).size}
                        for task, p in vocabularies.items()},

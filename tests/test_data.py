@@ -180,6 +180,28 @@ def test_batches_are_bounded_and_few_shapes(prepared):
   assert len(shapes) <= 4
 
 
+def test_token_buckets_bound_target_length_and_pad_fewer_tokens(prepared):
+  _, out = prepared
+  padded_tokens = {}
+  for k in (1, 3):
+    batcher = _pipeline(out, num_token_buckets=k)
+    data = batcher.data
+    assert len(batcher.buckets) <= 4 * k
+    seen, padded = [], 0
+    for b, indices in batcher.epoch_plan(0):
+      bucket, real = batcher.buckets[b], indices[indices >= 0]
+      assert np.all(data.n_frames[real] <= bucket.frames)
+      assert np.all(data.tokens.lengths[real] + 1 <= bucket.tokens) and bucket.tokens % 8 == 0
+      assert len(indices) == bucket.batch_size == batcher.buckets[b].batch_size
+      seen += real.tolist()
+      padded += bucket.tokens * len(real)
+    assert sorted(seen) == list(range(len(data)))        # every utterance once an epoch
+    padded_tokens[k] = padded
+  assert padded_tokens[3] < padded_tokens[1]
+  with pytest.raises(ValueError, match=r"data.num_token_buckets=0; valid: an integer >= 1"):
+    ip.PipelineConfig(out, num_token_buckets=0)
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_bucket_edges_minimise_padding(seed):
   """Against every choice of at most k edges among the rounded lengths (the longest is always

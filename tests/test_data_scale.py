@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from data_prep import corpora, prepare, tfds_dataset
+from data_prep import corpora, feature_store, index_io, prepare
 from data_prep.audio import cut_segment, load_audio
 from data_prep.features import fbank
 from multiformer_jax.data import input_pipeline as ip
@@ -26,8 +26,15 @@ def _prepare(root, out, **kw):
 
 
 def _records(out, split):
-  source = tfds_dataset.open_split(os.path.join(out, "tfds"), split)
-  return [source[i] for i in range(len(source))]
+  """The split's rows as prepared: index columns and the features read back by offset."""
+  with open(os.path.join(out, "prepared.json"), encoding="utf-8") as f:
+    summary = json.load(f)
+  index = index_io.load(os.path.join(out, "index", f"{split}.npz"))
+  store = feature_store.FeatureStore(
+      [os.path.join(out, p) for p in summary["feature_files"][split]], index["feature_file"],
+      index["feature_offset"], index["n_frames"], 80)
+  return [{"id": index["id"][i], "target_text": index["target_text"][i],
+           "fbank": np.array(store.view(i))} for i in range(len(index["id"]))]
 
 
 @pytest.fixture(scope="module")
@@ -41,19 +48,19 @@ def test_every_segment_reads_back_as_computed_from_many_shards(prepared, sharded
   root, one_shard = prepared
   summary, out = sharded
   assert summary["shards"]["train"] >= 6 and summary["shards"]["dev"] >= 2
-  names = os.listdir(tfds_dataset.dataset_dir(os.path.join(out, "tfds")))
-  assert len([n for n in names if "-train.array_record-" in n]) == summary["shards"]["train"]
+  names = os.listdir(os.path.join(out, feature_store.DIRECTORY, "train"))
+  assert len([n for n in names if n.endswith(".f32")]) == summary["shards"]["train"]
   segments = {r.id: r for r in corpora.read_mustc(root, "en-de", "train")}
   audio = {}
   records = _records(out, "train")
   assert len(records) == summary["splits"]["train"] == 40
   for record in records:
-    segment = segments[record["id"].decode()]
+    segment = segments[record["id"]]
     if segment.audio_path not in audio:
       audio[segment.audio_path] = load_audio(segment.audio_path)[0]
     expected = fbank(cut_segment(audio[segment.audio_path], segment.offset, segment.duration))
     np.testing.assert_array_equal(record["fbank"], expected)
-    assert record["target_text"].decode() == segment.target_text
+    assert record["target_text"] == segment.target_text
   # The same records in the same order as with one shard and one worker.
   reference = _records(one_shard, "train")
   assert [r["id"] for r in records] == [r["id"] for r in reference]
@@ -63,7 +70,7 @@ def test_every_segment_reads_back_as_computed_from_many_shards(prepared, sharded
     a, b = np.load(os.path.join(out, "index", f"{split}.npz")), \
         np.load(os.path.join(one_shard, "index", f"{split}.npz"))
     assert sorted(a.files) == sorted(b.files)
-    for key in a.files:
+    for key in set(a.files) - {"feature_file", "feature_offset"}:   # where, not what
       np.testing.assert_array_equal(a[key], b[key])
   # Global CMVN from the shards' sums equals the one-shard statistics.
   a, b = np.load(os.path.join(out, "gcmvn.npz")), np.load(os.path.join(one_shard, "gcmvn.npz"))
@@ -104,16 +111,14 @@ def test_a_killed_preparation_keeps_finished_shards_and_finishes_on_rerun(prepar
   result = subprocess.run([sys.executable, "-c", code], env=env, start_new_session=True,
                           capture_output=True, timeout=300)
   assert result.returncode == -signal.SIGKILL, result.stderr.decode()[-2000:]
-  staged = tfds_dataset.staging_dir(os.path.join(out, "tfds"))
-  written = {name: os.stat(os.path.join(staged, name)) for name in os.listdir(staged)
+  shards = os.path.join(out, feature_store.DIRECTORY, "train")
+  written = {name: os.stat(os.path.join(shards, name)) for name in os.listdir(shards)
              if not name.endswith(".tmp")}
   assert written and not os.path.exists(os.path.join(out, "prepared.json"))
-  assert not tfds_dataset.is_complete(os.path.join(out, "tfds"))
   summary = _prepare(root, out, workers=2, shard_frames=SMALL_SHARD_FRAMES)
   assert summary == sharded[0]
-  final = tfds_dataset.dataset_dir(os.path.join(out, "tfds"))
   for name, before in written.items():         # finished shards were kept, not rewritten
-    after = os.stat(os.path.join(final, name))
+    after = os.stat(os.path.join(shards, name))
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
   for got, want in zip(_records(out, "train"), _records(sharded[1], "train")):
     assert got["id"] == want["id"]
@@ -132,7 +137,7 @@ def test_a_full_disk_says_what_to_do_and_keeps_the_finished_work(prepared, tmp_p
 
   def full(self, example):
     raise OSError(errno.ENOSPC, "No space left on device")
-  monkeypatch.setattr(tfds_dataset.ShardWriter, "write", full)
+  monkeypatch.setattr(feature_store.ShardWriter, "write", full)
   with pytest.raises(OSError, match=r"disk full while writing .*shard-00000.*rerun the same "
                                     r"command"):
     prepare.write_shard(job)

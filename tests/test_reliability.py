@@ -126,7 +126,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resumes(config_file, 
   seen = []
   for line in process.stderr:            # the handler is installed before the first update
     seen.append(line)
-    if "compiling the train step" in line:
+    if "programs before the first update" in line:
       process.send_signal(signal.SIGTERM)
       break
   rest = process.stderr.read()
@@ -198,14 +198,13 @@ def test_a_non_finite_update_leaves_parameters_and_optimizer_state_unchanged(pre
 def test_consecutive_non_finite_updates_stop_the_run_with_advice(prepared, tmp_path,
                                                                  monkeypatch):
   _, prepared_dir = prepared
-  assemble = ip.Batcher.assemble
+  assemble_into = ip.Batcher.assemble_into
 
-  def poisoned(self, bucket_id, indices, epoch):
-    batch = assemble(self, bucket_id, indices, epoch)
+  def poisoned(self, batch, bucket_id, indices, epoch):
+    assemble_into(self, batch, bucket_id, indices, epoch)
     if self.train:
       batch["features"][:, 0, 0] = np.inf
-    return batch
-  monkeypatch.setattr(ip.Batcher, "assemble", poisoned)
+  monkeypatch.setattr(ip.Batcher, "assemble_into", poisoned)
   config = tiny_config(prepared_dir, max_updates=6, eval_every=6)
   config.train.stages = ("asr",)
   config.train.log_every = 1

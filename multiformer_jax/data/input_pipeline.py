@@ -12,8 +12,9 @@ global plan and takes its own contiguous slice of each batch. SpecAugment (train
 draws from generators seeded by (seed, epoch, utterance), so a resumed run sees the same
 masks.
 Evaluation iterates every utterance of a split exactly once. Training batches can be assembled
-ahead by background worker processes (`TrainIterator(workers=...)`), the same batches in the
-same order.
+ahead by background worker processes into shared memory (`TrainIterator(workers=...)`), the
+same batches in the same order. Features are read in place from the prepared flat files
+(data_prep.feature_store) or a fairseq root's fbank80.zip.
 
 Batch (numpy):
   features [B, T, F] float32 (F: 80 fbank bins, or a fairseq root's feature size)
@@ -37,19 +38,19 @@ from __future__ import annotations
 
 import array
 import collections
-import concurrent.futures
 import copy
 import dataclasses
 import json
 import math
-import multiprocessing
 import os
 from typing import Iterator
 
 import numpy as np
 
 from data_prep import features as features_lib
-from data_prep import fairseq_data, index_io, tfds_dataset, vocab
+from data_prep import fairseq_data, feature_store, index_io, vocab
+from multiformer_jax.data import native_cmvn
+from multiformer_jax.data.workers import SlotPool, WorkerPool, batch_bytes
 
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
@@ -61,7 +62,8 @@ class PipelineConfig:
   prepared_dir: str
   task: str = "st"                 # asr: source transcripts; st: target translations
   max_frames: int = 40000          # padded source frames per global batch (fairseq max_tokens)
-  num_buckets: int = 8
+  num_buckets: int = 8             # source-length buckets
+  num_token_buckets: int = 1       # training: each split by target length into this many
   max_source_frames: int = 3000
   max_target_tokens: int = 1023    # tokens before EOS (decoder max positions - 1)
   cmvn: str = "utterance"
@@ -76,6 +78,9 @@ class PipelineConfig:
   def __post_init__(self):
     if self.task not in TASKS:
       raise ValueError(f"data task {self.task!r}; valid: {TASKS}")
+    for name in ("num_buckets", "num_token_buckets"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"data.{name}={getattr(self, name)}; valid: an integer >= 1")
     if self.cmvn not in CMVN_MODES:
       raise ValueError(f"data.cmvn={self.cmvn!r}; valid: {CMVN_MODES}")
     try:
@@ -217,13 +222,22 @@ class SplitData:
                                   for t in index["source_text"])
     self.tag_values = {name: pairs[self.rows] if name == "pair" else index[name]
                        for name in TAG_NAMES}
-    self.source = None  # opened lazily: data sources do not pickle
-    self.zip_features = None
     self.feature_dim = int(self.summary.get("feature_dim", features_lib.NUM_MEL_BINS))
-    if self.summary.get("features") == "fairseq_zip":   # data_prep.fairseq_data's index
+    self.zip_features = self.store = None
+    kind = self.summary.get("features")
+    if kind == "fairseq_zip":                   # data_prep.fairseq_data's index
       self.zip_features = fairseq_data.ZipFeatures(
           self.summary["zips"], index["audio_file"], index["audio_offset"],
           index["audio_length"], self.feature_dim)
+    elif kind == feature_store.FORMAT:
+      self.store = feature_store.FeatureStore(
+          [os.path.join(prepared, f) for f in self.summary["feature_files"][split]],
+          index["feature_file"], index["feature_offset"], self.n_frames, self.feature_dim)
+    else:
+      raise ValueError(
+          f"{prepared} was prepared in an earlier format (features inside TFDS ArrayRecord "
+          f"records, decompressed and decoded one by one); convert it once with "
+          f"{feature_store.CONVERT_COMMAND.format(prepared=prepared)}")
     self.gcmvn = read_gcmvn(prepared, self.summary) if config.cmvn == "global" else None
 
   def subset(self, keep: np.ndarray) -> "SplitData":
@@ -237,7 +251,8 @@ class SplitData:
     part.references = [r for r, k in zip(self.references, keep) if k]
     part.prefix = None if self.prefix is None else self.prefix[keep]
     part.tag_values = {name: values[keep] for name, values in self.tag_values.items()}
-    part.source = None
+    if self.store is not None:
+      part.store = self.store.take(keep)
     if self.zip_features is not None:
       z = self.zip_features
       part.zip_features = fairseq_data.ZipFeatures(z.zips, z.file_ids[keep], z.offsets[keep],
@@ -266,17 +281,11 @@ class SplitData:
   def __len__(self):
     return len(self.n_frames)
 
-  def __getstate__(self):
-    """Pickles (to worker processes) without the open data source; each reopens its own."""
-    return {**self.__dict__, "source": None}
-
   def fbank(self, i: int) -> np.ndarray:
+    """Row i's [frames, dim] float32 features (a read-only view of the prepared files)."""
     if self.zip_features is not None:
       return self.zip_features.read(i, str(self.ids[i]))
-    if self.source is None:
-      self.source = tfds_dataset.open_split(os.path.join(self.config.prepared_dir, "tfds"),
-                                            self.split)
-    return np.asarray(self.source[int(self.rows[i])]["fbank"], np.float32)
+    return self.store.view(i)
 
 
 def used_pairs(present: list[str], config: PipelineConfig, split: str) -> list[str]:
@@ -395,21 +404,39 @@ class Batcher:
                        f"of {self.edges[-1]} frames (one per device, the longest bucket of "
                        f"{data.split}); raise data.max_frames to at least "
                        f"{self.edges[-1] * multiple}")
-    self.bucket_of = np.where(usable, np.searchsorted(self.edges, data.n_frames), -1)  # [N]
+    frame_bucket = np.where(usable, np.searchsorted(self.edges, data.n_frames), -1)  # [N]
     token_lens = data.tokens.lengths + 1                                  # + EOS
     source_lens = None if data.source_tokens is None else data.source_tokens.lengths + 1
     padded = lambda lens: int(math.ceil(max(lens.max() if lens.size else 1, 1) / 8) * 8)
+    self.bucket_of = np.full(len(data), -1, np.int64)                     # [N]
     self.buckets = []
     for b, frames in enumerate(self.edges):
-      # Evaluation: the token lengths of this bucket and the shorter ones, so that a longer
-      # bucket holds any mix of utterances up to it (the analyses batch chosen utterances so).
-      members = (self.bucket_of == b) if train else (self.bucket_of <= b) & (self.bucket_of >= 0)
       size = max(multiple, (cfg.max_frames // int(frames)) // multiple * multiple)
-      self.buckets.append(Bucket(int(frames), padded(token_lens[members]), size,
-                                 0 if source_lens is None else padded(source_lens[members])))
+      members = np.flatnonzero(frame_bucket == b)
+      if not train:
+        # Evaluation: the token lengths of this bucket and the shorter ones, so that a longer
+        # bucket holds any mix of utterances up to it (the analyses batch chosen utterances so).
+        shorter = (frame_bucket <= b) & (frame_bucket >= 0)
+        self.bucket_of[members] = len(self.buckets)
+        self.buckets.append(Bucket(int(frames), padded(token_lens[shorter]), size,
+                                   0 if source_lens is None else padded(source_lens[shorter])))
+        continue
+      # Training: the bucket's utterances split further by target length (the edges that
+      # pad the fewest target tokens, data.num_token_buckets of them), the same batch size.
+      token_edges = bucket_boundaries(token_lens[members], cfg.num_token_buckets, multiple=8)
+      token_bucket = np.searchsorted(token_edges, token_lens[members])
+      for k, tokens in enumerate(token_edges):
+        part = members[token_bucket == k]
+        if not part.size:
+          continue
+        self.bucket_of[part] = len(self.buckets)
+        self.buckets.append(Bucket(int(frames), int(tokens), size,
+                                   0 if source_lens is None else padded(source_lens[part])))
     self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
     self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)
                          if (train and cfg.specaugment) else None)
+    if cfg.cmvn == "utterance":
+      native_cmvn.kernel()            # built here once, before any worker process needs it
 
   @property
   def shapes(self) -> list[tuple[int, int, int]]:
@@ -433,34 +460,69 @@ class Batcher:
       plan = [plan[i] for i in order]
     return plan
 
-  def assemble(self, bucket_id: int, indices: np.ndarray, epoch: int) -> dict:
-    """This process's slice of a global batch, as numpy arrays."""
+  def layout(self, bucket_id: int, rows: int | None = None
+             ) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """{field: (shape, dtype)} of this process's slice of a batch of the bucket (of `rows`
+    utterances; default: the bucket's batch size over the processes)."""
     bucket = self.buckets[bucket_id]
+    n = bucket.batch_size // self.process_count if rows is None else rows
+    fields = {"features": ((n, bucket.frames, self.data.feature_dim), np.float32),
+              "lengths": ((n,), np.int32),
+              "prev_tokens": ((n, bucket.tokens), np.int32),
+              "targets": ((n, bucket.tokens), np.int32),
+              "weights": ((n,), np.float32),
+              "index": ((n,), np.int32)}
+    if bucket.source_tokens:
+      fields["ctc_targets"] = ((n, bucket.source_tokens), np.int32)
+    for name in self.task_ids:
+      fields[name] = ((n,), np.int32)
+    return {name: (shape, np.dtype(dtype)) for name, (shape, dtype) in fields.items()}
+
+  def assemble(self, bucket_id: int, indices: np.ndarray, epoch: int) -> dict:
+    """This process's slice of a global batch (of any size), as new numpy arrays."""
+    rows = len(indices) // self.process_count
+    batch = {name: np.empty(shape, dtype) for name, (shape, dtype) in
+             self.layout(bucket_id, rows).items()}
+    self.assemble_into(batch, bucket_id, indices, epoch)
+    return batch
+
+  def assemble_into(self, batch: dict, bucket_id: int, indices: np.ndarray, epoch: int):
+    """Writes this process's slice of a global batch into `batch` (arrays of `layout`, any
+    previous content): every element is written, padding included. Per utterance the one
+    copy is from the prepared features into the batch; CMVN and SpecAugment work in place."""
     per_process = len(indices) // self.process_count
     local = indices[self.process_index * per_process:(self.process_index + 1) * per_process]
     cfg, data = self.data.config, self.data
-    n = len(local)
-    batch = {
-        "features": np.zeros((n, bucket.frames, data.feature_dim), np.float32),
-        "lengths": np.ones(n, np.int32),
-        "prev_tokens": np.full((n, bucket.tokens), vocab.PAD_ID, np.int32),
-        "targets": np.full((n, bucket.tokens), vocab.PAD_ID, np.int32),
-        "weights": np.zeros(n, np.float32),
-        "index": np.full(n, -1, np.int32),
-    }
-    if bucket.source_tokens:
-      batch["ctc_targets"] = np.full((n, bucket.source_tokens), vocab.PAD_ID, np.int32)
-    for name in self.task_ids:
-      batch[name] = np.zeros(n, np.int32)
+    batch["lengths"][:] = 1
+    batch["prev_tokens"][:] = vocab.PAD_ID
+    batch["targets"][:] = vocab.PAD_ID
+    batch["weights"][:] = 0.0
+    batch["index"][:] = local
+    batch["index"][local < 0] = -1
+    if "ctc_targets" in batch:
+      batch["ctc_targets"][:] = vocab.PAD_ID
+    for name, ids in self.task_ids.items():
+      batch[name][:] = np.where(local >= 0, ids[np.maximum(local, 0)], 0)
+    features = batch["features"]
+    scratch = np.empty(features.shape[1:]) if cfg.cmvn == "utterance" else None  # float64
     for row, i in enumerate(local):
       if i < 0:
+        features[row] = 0.0
         continue
-      fbank = data.fbank(i)
-      fbank = apply_cmvn(fbank, cfg.cmvn, data.gcmvn)
+      source = data.fbank(i)
+      n = len(source)
+      out = features[row, :n]                       # [frames, dim], contiguous
+      features[row, n:] = 0.0
+      if cfg.cmvn == "utterance":
+        native_cmvn.utterance_cmvn_into(source, out, scratch)
+      elif cfg.cmvn == "global":
+        np.subtract(source, data.gcmvn[0], out=out)
+        np.divide(out, data.gcmvn[1], out=out)
+      else:
+        np.copyto(out, source)
       if self.spec_augment is not None:
-        fbank = self.spec_augment(fbank, np.random.default_rng([cfg.seed, epoch, int(i)]))
-      batch["features"][row, :len(fbank)] = fbank
-      batch["lengths"][row] = len(fbank)
+        self.spec_augment.apply_in_place(out, np.random.default_rng([cfg.seed, epoch, int(i)]))
+      batch["lengths"][row] = n
       tokens = data.tokens[i]
       batch["prev_tokens"][row, 0] = vocab.EOS_ID
       batch["prev_tokens"][row, 1:len(tokens) + 1] = tokens
@@ -468,49 +530,38 @@ class Batcher:
       batch["targets"][row, len(tokens)] = vocab.EOS_ID
       if data.prefix is not None:          # the language tag is given, not predicted
         batch["targets"][row, 0] = vocab.PAD_ID
-      if bucket.source_tokens:
-        source = data.source_tokens[i]
-        batch["ctc_targets"][row, :len(source)] = source
-        batch["ctc_targets"][row, len(source)] = vocab.EOS_ID
+      if "ctc_targets" in batch:
+        source_tokens = data.source_tokens[i]
+        batch["ctc_targets"][row, :len(source_tokens)] = source_tokens
+        batch["ctc_targets"][row, len(source_tokens)] = vocab.EOS_ID
       batch["weights"][row] = 1.0
-      batch["index"][row] = i
-      for name, ids in self.task_ids.items():
-        batch[name][row] = ids[i]
-    return batch
-
-
-_WORKER_BATCHER = None
-
-
-def _start_worker(batcher: "Batcher"):
-  global _WORKER_BATCHER
-  _WORKER_BATCHER = batcher
-
-
-def _assemble_in_worker(task) -> dict:
-  bucket, indices, epoch = task
-  return _WORKER_BATCHER.assemble(bucket, indices, epoch)
 
 
 class TrainIterator:
   """Endless training batches; `state()` / `restore()` give exact resumption.
 
-  With `workers` > 0 the batches are assembled ahead (reading, CMVN, SpecAugment, padding) by
-  that many background processes, up to `prefetch` batches ahead of the training loop, in
-  plan order. A batch is a pure function of (seed, epoch, position), so prefetching changes
+  Batches are views of reused buffers (multiformer_jax.data.workers.SlotPool): a buffer is
+  written again only once nothing refers to the batch it held, so the memory is touched once,
+  not allocated per batch. With `workers` > 0 the batches are assembled ahead (reading, CMVN, SpecAugment, padding) by
+  that many background processes straight into shared memory (multiformer_jax.data.workers),
+  up to `prefetch` batches ahead of the training loop (default: two per worker), in plan
+  order. A batch is a pure function of (seed, epoch, position), so prefetching changes
   neither the batches nor `state()`: the state names the next batch the loop will receive,
   whatever has been assembled ahead. Call `close()` (or use `with`) to stop the workers.
   """
 
   def __init__(self, batcher: Batcher, epoch: int = 0, position: int = 0, workers: int = 0,
-               prefetch: int = 4):
+               prefetch: int | None = None):
     self.batcher = batcher
     self.epoch, self.position = epoch, position
-    self.workers, self.prefetch = workers, max(prefetch, 1)
+    self.workers = workers
+    self.prefetch = max(prefetch if prefetch is not None else 2 * workers, 1)
     self._plans = {}
     self._pool = None
-    self._pending = collections.deque()       # futures of the next batches, in order
+    self._inline_slots = None                 # buffers reused by batches assembled here
+    self._pending = collections.deque()       # (number, bucket) of the next batches, in order
     self._submitted = None                    # (epoch, position) of the next batch to submit
+    self._numbers = 0
 
   def state(self) -> dict:
     return {"epoch": self.epoch, "position": self.position}
@@ -539,34 +590,39 @@ class TrainIterator:
       batch = self._next_prefetched()
     else:
       bucket, indices = self._plan(self.epoch)[self.position]
-      batch = self.batcher.assemble(bucket, indices, self.epoch)
+      if self._inline_slots is None:
+        self._inline_slots = SlotPool(batch_bytes(self.batcher), shared=False)
+      batch = self._inline_slots.views(self._inline_slots.acquire(),
+                                       self.batcher.layout(bucket))
+      self.batcher.assemble_into(batch, bucket, indices, self.epoch)
     self.position += 1
     return batch
 
   def _next_prefetched(self) -> dict:
     if self._pool is None:
-      self._pool = concurrent.futures.ProcessPoolExecutor(
-          self.workers, mp_context=multiprocessing.get_context("spawn"),
-          initializer=_start_worker, initargs=(self.batcher,))
+      self._pool = WorkerPool(self.batcher, self.workers)
     if self._submitted is None:
       self._submitted = (self.epoch, self.position)
     while len(self._pending) < self.prefetch:
       epoch, position = self._normalise(*self._submitted)
       bucket, indices = self._plan(epoch)[position]
-      self._pending.append(self._pool.submit(_assemble_in_worker, (bucket, indices, epoch)))
+      self._pool.submit(self._numbers, bucket, indices, epoch)
+      self._pending.append((self._numbers, bucket))
+      self._numbers += 1
       self._submitted = (epoch, position + 1)
-    return self._pending.popleft().result()
+    number, bucket = self._pending.popleft()
+    return self._pool.take(number, bucket)
 
   def _drop_pending(self):
-    for future in self._pending:
-      future.cancel()
+    if self._pool is not None:
+      self._pool.cancel()
     self._pending.clear()
     self._submitted = None
 
   def close(self):
     self._drop_pending()
     if self._pool is not None:
-      self._pool.shutdown(wait=True, cancel_futures=True)
+      self._pool.close()
       self._pool = None
 
   def __enter__(self):

@@ -1,29 +1,24 @@
 """The C++ attention kernels for the CPU backend (cpu/*.cc), built into one library that XLA
 calls by FFI: local heads' band (local_cpu.py) and kernel heads' FAVOR+ (kernel_cpu.py).
 
-The library is compiled on first use with the system's C++ compiler ($CXX, default g++; with
--march=native, so it is built per machine) into $MULTIFORMER_KERNEL_CACHE (default
-~/.cache/multiformer_jax/kernels), keyed by the sources, the flags, jaxlib's version and the
-CPU. Where it cannot be built, the heads take their XLA paths and the reason is logged once.
+The library is compiled on first use (data_prep.common.native_build: the system's C++
+compiler, cached per machine, keyed by the sources, the flags, jaxlib's version and the CPU).
+Where it cannot be built, the heads take their XLA paths and the reason is logged once.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import jaxlib
+
+from data_prep.common import native_build as native
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("local_band.cc", "favor.cc")
@@ -43,50 +38,12 @@ _log = logging.getLogger(__name__)
 _lock = threading.Lock()
 
 
-def cache_dir() -> Path:
-  default = Path.home() / ".cache" / "multiformer_jax" / "kernels"
-  return Path(os.environ.get("MULTIFORMER_KERNEL_CACHE", default))
-
-
-def _cpu_model() -> str:
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith(("model name", "flags")):
-        return line
-  except OSError:
-    pass
-  return platform.processor()
-
-
-def library_path(compiler: str) -> Path:
-  texts = [(SOURCE_DIR / name).read_text() for name in SOURCES + HEADERS]
-  key = hashlib.sha256("\n".join([*texts, compiler, " ".join(FLAGS), jaxlib.__version__,
-                                  platform.machine(), _cpu_model()]).encode()).hexdigest()[:16]
-  return cache_dir() / f"attention_kernels_{key}.so"
-
-
 def build(compiler: str | None = None) -> Path:
   """Compiles the library (unless the cache has it); returns its path. Raises RuntimeError
   naming the compiler and its output where it fails."""
-  compiler = compiler or os.environ.get("CXX", "g++")
-  path = library_path(compiler)
-  if path.exists():
-    return path
-  if shutil.which(compiler) is None:
-    raise RuntimeError(f"no C++ compiler {compiler!r} on PATH (set $CXX to one)")
-  path.parent.mkdir(parents=True, exist_ok=True)
-  # Built under a temporary name and renamed: concurrent processes never load a partial file.
-  with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".so", delete=False) as partial:
-    partial_path = Path(partial.name)
-  command = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(),
-             *(str(SOURCE_DIR / name) for name in SOURCES), "-o", str(partial_path)]
-  result = subprocess.run(command, capture_output=True, text=True, check=False)
-  if result.returncode != 0:
-    partial_path.unlink(missing_ok=True)
-    raise RuntimeError(f"{' '.join(command)} failed ({result.returncode}): "
-                       f"{result.stderr.strip()[-2000:]}")
-  os.replace(partial_path, path)
-  return path
+  return native.build("attention_kernels", [SOURCE_DIR / name for name in SOURCES],
+                      [SOURCE_DIR / name for name in HEADERS], FLAGS, compiler,
+                      include_dirs=[jax.ffi.include_dir()], key_parts=[jaxlib.__version__])
 
 
 @functools.cache
