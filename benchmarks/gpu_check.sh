@@ -14,6 +14,11 @@
 #               (outputs and gradients compared, same masks) and cuDNN without dropout (~1 min)
 #   flash_update  the update with attention dropout through the dense softmax ('xla') and
 #               through our Pallas kernel ('flash', what 'auto' picks; ~3 min)
+#   loader      the input pipeline on a synthetic MuST-C-like corpus of $LOADER_GB GB (default
+#               20) written on that host: frames/s at 4, 8 and every core's workers (~3 min)
+#   end_to_end  s2t_transformer_s and s2t_v2 trained by run.py on that corpus for $UPDATES
+#               (default 120) updates of 320k frames: s/update against the isolated update,
+#               data wait, compile count and time (~6 min on a cold compilation cache)
 # Writes into $OUT (default /tmp/gpu_check); ml_collections is installed from .whl/ when the
 # machine lacks it.
 #
@@ -21,6 +26,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_check}
 STEPS=${STEPS:-"update attention variants encoder layer_norm flash flash_update"}
+CORPUS=${CORPUS:-/tmp/mustc_like}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if ! python3 -c "import ml_collections" 2>/dev/null; then
@@ -85,6 +91,21 @@ flash_update() {
   echo "== flash_update: attention dropout through the dense softmax, then the Pallas kernel"
   python3 benchmarks/train_step.py --out "$OUT/train_step_flash.jsonl" $STEP $FLOPS \
       --configs "$S@attention_implementation=xla,$S@attention_implementation=flash"
+}
+
+loader() {
+  echo "== loader: ${LOADER_GB:-20} GB of MuST-C-like features, 320k-frame batches"
+  local all=$(( $(nproc) - 1 ))
+  python3 benchmarks/input_pipeline.py --gb "${LOADER_GB:-20}" --corpus_dir "$CORPUS" --keep \
+      --reuse --workers "${LOADER_WORKERS:-0,4,8,$all}" --batches "${LOADER_BATCHES:-40}" \
+      --out "$OUT/input_pipeline.jsonl"
+}
+
+end_to_end() {
+  echo "== end_to_end: run.py on the synthetic corpus, ${UPDATES:-120} updates of 320k frames"
+  python3 benchmarks/end_to_end.py --configs "${E2E_CONFIGS:-s2t_transformer_s,s2t_v2}" \
+      --updates "${UPDATES:-120}" --gb "${LOADER_GB:-20}" --corpus_dir "$CORPUS" --isolated \
+      --out "$OUT/end_to_end.jsonl" ${E2E_FLAGS:-}
 }
 
 for step in $STEPS; do

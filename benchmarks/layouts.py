@@ -67,7 +67,7 @@ def main(argv=None):
                          config.model.vocab_size)
       flops = model_flops(config, batch)
       sharded = dp.shard(batch)
-      update = step.lower(state, sharded, True, True).compile()
+      update = step.single.function.lower(state, sharded).compile()
       for _ in range(2):
         state, metrics = update(state, sharded)
       jax.block_until_ready(metrics)

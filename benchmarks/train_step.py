@@ -101,7 +101,7 @@ def model_flops(config, batch) -> float:
     counted.model[rate] = 0.0
   with local_heads_in_one_chunk():
     _, step, state, _ = setup(counted)
-    return lowered_flops(step.lower(abstract(state), abstract(batch), True, True))
+    return lowered_flops(step.single.function.lower(abstract(state), abstract(batch)))
 
 
 def flops_on_cpu(spec: str, args) -> float:
@@ -127,7 +127,7 @@ def memory_options(model) -> dict:
 
 def step_stats(step, state, batch) -> dict:
   """executable_stats of one update of update_freq 1 (apply_update and first_micro)."""
-  return executable_stats(step.lower(state, batch, True, True).compile())
+  return executable_stats(step.single.function.lower(state, batch).compile())
 
 
 def main(argv=None):
@@ -189,7 +189,7 @@ def main(argv=None):
       batch = dp.shard(make_batch(args.batch, args.frames, args.tokens,
                                   config.model.input_dim, config.model.vocab_size))
       t0 = time.perf_counter()
-      update = step.lower(state, batch, True, True).compile()  # timed below: compiled once
+      update = step.single.function.lower(state, batch).compile()  # timed below: compiled once
       compile_s = time.perf_counter() - t0
       if args.flops:
         flops = args.flops

@@ -46,7 +46,7 @@ def main(argv=None):
     _, step, state, dp = setup(config)
     batch = dp.shard(make_batch(args.batch, args.frames, args.tokens, config.model.input_dim,
                                 config.model.vocab_size))
-    runs[spec] = [step.lower(state, batch, True, True).compile(), state, batch]
+    runs[spec] = [step.single.function.lower(state, batch).compile(), state, batch]
 
   def update(spec) -> float:
     compiled, state, batch = runs[spec]

@@ -63,7 +63,8 @@ def get_config(arg=None):
                                # Local and kernel heads on the CPU: C++ kernels
                                # (docs/training.md), unless 'xla'
   m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
-  m.dtype = "float32"          # compute dtype: float32 | bfloat16 (params stay float32)
+  m.dtype = "auto"             # compute dtype: float32 | bfloat16 (params stay float32) |
+                               # auto: bfloat16 on a GPU or TPU, float32 on a CPU
   m.max_target_positions = 1024
   # Multilingual / multi-domain (Gong et al. 2022; multiformer_jax/model/head_selection.py). A task is
   # a value of task_tag in the data: source_lang | target_lang | domain | pair ('' = one task).
@@ -102,10 +103,16 @@ def get_config(arg=None):
                                # (e.g. "queen,uqm": the embedded corpus's recorded speech)
   d.extra_test_splits = ""     # comma-separated: also prepared, and evaluated after training
                                # beside test_split (e.g. the embedded tst-unseen-synth)
-  d.max_frames = 40000         # padded source frames per global batch (fairseq max_tokens);
-                               # x {stage}.update_freq = frames per update (fairseq's MuST-C
-                               # recipe: 40000 x 8 = 320k)
-  d.num_buckets = 8            # distinct batch shapes (compilations) per split
+  d.max_frames = 40000         # padded source frames per batch: per global batch, x
+                               # {stage}.update_freq per update; with frames_per_update set,
+                               # per device (fairseq's --max-tokens)
+  d.frames_per_update = 0      # padded source frames per update, the recipe's (the thesis:
+                               # 320000) whatever the device count: micro-batches per update
+                               # = this / (max_frames x devices), {stage}.update_freq = 0;
+                               # 0 = {stage}.update_freq batches of max_frames
+  d.num_buckets = 8            # source-length buckets: distinct batch shapes per split
+  d.num_token_buckets = 1      # training: each source bucket split by target length into this
+                               # many (fewer padded target tokens, more compiled shapes)
   d.max_source_frames = 3000
   d.cmvn = "utterance"         # utterance | global | none
   d.specaugment = True         # training split only
@@ -113,7 +120,7 @@ def get_config(arg=None):
                                # then optional overrides: "sm,time_mask_p=0.1"
   d.loader_workers = -1        # background processes assembling training batches; 0 = in the
                                # training loop; -1 = by backend: 0 on CPU (they would take the
-                               # step's cores), min(8, cores / 2) with an accelerator
+                               # step's cores), every core but one with an accelerator
   d.seed = 1
 
   # --- training: shared by both stages ----------------------------------------------------
@@ -215,7 +222,8 @@ def stage_config(lr):
   s.warmup_updates = 10000     # linear warmup from 0
   s.max_updates = 50000
   s.update_freq = 8            # gradient accumulation (fairseq --update-freq): batches of
-                               # data.max_frames per update
+                               # data.max_frames per update; 0 = derived from
+                               # data.frames_per_update and the device count
   s.pairs = ""                 # comma-separated pairs this stage trains and is evaluated on;
                                # '' = every prepared pair (ASR) / every translation pair (ST).
                                # An X-X pair (mTEDx's es-es ...) is ASR data only
@@ -246,17 +254,20 @@ def runlocal(config):
   m = config.model
   m.d_model, m.ffn_dim, m.conv_channels = 64, 128, 128
   m.decoder_layers = 2
+  config.data.frames_per_update = 0
   for stage in ("asr", "st"):
     config[stage].update_freq = 1
   return config
 
 
 def batch_per_update(config, max_frames: int, update_freq: int):
-  """A paper's batch: `max_frames` padded source frames per batch, `update_freq` batches per
-  update, in both stages."""
+  """A paper's batch: `max_frames` x `update_freq` padded source frames per update in both
+  stages, whatever the device count: `max_frames` per device and micro-batch (what the
+  paper's GPU held), the micro-batches per update derived (update_freq on one device)."""
   config.data.max_frames = max_frames
+  config.data.frames_per_update = max_frames * update_freq
   for stage in ("asr", "st"):
-    config[stage].update_freq = update_freq
+    config[stage].update_freq = 0
   return config
 
 
@@ -327,6 +338,7 @@ def locality(pair: str, windows, reported_bleu: float, arg=None):
   local attention with the per-layer windows of Algorithm 1 in layers 4-12; fairseq's batch,
   40000 frames x update_freq 8 (App. C)."""
   config = get_config()
+  batch_per_update(config, 40000, 8)
   config.name = f"locality_{pair.replace('-', '_')}"
   config.model.encoder_layout = "3x(4*full) " + " ".join(f"1x(4*local({w}))" for w in windows)
   config.reported.bleu = reported_bleu

@@ -16,6 +16,7 @@ from configs import default
 def get_config(arg=None):
   config = default.get_config()
   config.name = "s2t_transformer_s"
+  default.batch_per_update(config, 40000, 8)      # fairseq's MuST-C recipe: 320k frames
   config.reported.bleu = 22.7
   config.reported.wer = 13.53
   config.reported.source = ("MuST-C En-De tst-COMMON; BLEU: fairseq S2T (Wang et al. 2020); ASR "

@@ -5,6 +5,7 @@ them."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import jax
 import numpy as np
@@ -21,12 +22,61 @@ def stage_pairs(config, stage: str) -> tuple[str, ...]:
   return tuple(p.strip() for p in pairs.split(",") if p.strip())
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdatePlan:
+  """How one update of a stage is made: `update_freq` micro-batches of `batch_frames` padded
+  source frames each (every device's slice together), over `devices` devices."""
+  batch_frames: int
+  update_freq: int
+  devices: int
+
+  @property
+  def frames_per_update(self) -> int:
+    return self.batch_frames * self.update_freq
+
+  @property
+  def device_frames(self) -> int:
+    return self.batch_frames // self.devices
+
+
+def update_plan(config, stage: str, devices: int | None = None) -> UpdatePlan:
+  """The stage's update from the config: with data.frames_per_update (the recipe's update,
+  e.g. the thesis's 320k frames), data.max_frames is each device's batch (fairseq's
+  --max-tokens) and the micro-batches per update follow from the device count (fairseq's
+  update_freq x GPUs); without it, {stage}.update_freq global batches of data.max_frames.
+  An update that does not divide into whole micro-batches is refused with ones that do."""
+  d, freq = config.data, config[stage].update_freq
+  devices = devices or jax.device_count()
+  if not d.frames_per_update:
+    if freq < 1:
+      raise ValueError(f"{stage}.update_freq={freq}; valid: >= 1, or 0 with "
+                       f"data.frames_per_update set (then it is derived)")
+    return UpdatePlan(d.max_frames, freq, devices)
+  if freq:
+    raise ValueError(f"{stage}.update_freq={freq} and data.frames_per_update="
+                     f"{d.frames_per_update} both set the update: set {stage}.update_freq=0 "
+                     f"(derived from the device count) or data.frames_per_update=0")
+  step_frames = d.max_frames * devices
+  if d.max_frames < 1 or d.frames_per_update % step_frames:
+    fitting = [d.frames_per_update // (devices * k) for k in range(1, 65)
+               if d.frames_per_update % (devices * k) == 0][:6]
+    raise ValueError(f"data.frames_per_update={d.frames_per_update} is not a whole number of "
+                     f"micro-batches of data.max_frames={d.max_frames} per device x {devices} "
+                     f"device(s) = {step_frames} frames; per-device batches that divide it on "
+                     f"{devices} device(s): {fitting or 'none: change data.frames_per_update'}")
+  return UpdatePlan(step_frames, d.frames_per_update // step_frames, devices)
+
+
 def pipeline_config(config, task: str, split_kind: str = "train") -> ip.PipelineConfig:
+  """The pipeline of stage `task` for a split of `split_kind` (train, dev or test): training
+  and dev batches are the stage's micro-batches (update_plan), test batches eval.*'s."""
   d = config.data
   return ip.PipelineConfig(
       prepared_dir=d.prepared_dir, task=task,
-      max_frames=d.max_frames if split_kind != "test" else config.eval.batch_frames,
+      max_frames=(update_plan(config, task).batch_frames if split_kind != "test"
+                  else config.eval.batch_frames),
       num_buckets=d.num_buckets if split_kind != "test" else config.eval.num_buckets,
+      num_token_buckets=d.num_token_buckets if split_kind == "train" else 1,
       max_source_frames=d.max_source_frames,
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
       specaugment=d.specaugment and split_kind == "train",

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from multiformer_jax import LayoutError, ModelConfig, format_layout, parse_layout
+from multiformer_jax.experiment import UpdatePlan, update_plan
 from multiformer_jax.model.layout import ConvHeads, FullHeads, HeadGroup, KernelHeads, LocalHeads
 
 CONFIG_FILES = sorted(os.path.basename(f)[:-3] for f in glob.glob("configs/*.py")
@@ -111,12 +112,30 @@ def test_paper_configs_train_with_the_papers_batch_per_update(name):
   module = importlib.import_module(f"configs.{name}")
   config = module.get_config()
   max_frames, update_freq = PAPER_BATCHES[name]
-  assert config.data.max_frames == max_frames
+  assert config.data.max_frames == max_frames                 # per device
   for stage in ("asr", "st"):
-    assert config[stage].update_freq == update_freq
-    assert config.data.max_frames * config[stage].update_freq == 320_000
+    # The paper's GPU(s), one device here, eight: the same frames per update.
+    assert update_plan(config, stage, devices=1) == UpdatePlan(max_frames, update_freq, 1)
+    for devices in (2, 8):
+      if update_freq % devices == 0:
+        plan = update_plan(config, stage, devices=devices)
+        assert plan.device_frames == max_frames and plan.frames_per_update == 320_000
   tiny = module.get_config("runlocal")             # the CPU variant: one batch per update
   assert tiny.asr.update_freq == tiny.st.update_freq == 1
+  assert update_plan(tiny, "asr", devices=4).update_freq == 1
+
+
+def test_an_update_that_does_not_divide_into_micro_batches_is_refused():
+  config = importlib.import_module("configs.s2t_transformer_s").get_config()
+  with pytest.raises(ValueError, match=r"data.frames_per_update=320000 is not a whole number "
+                                       r"of micro-batches of data.max_frames=40000 per device "
+                                       r"x 3 device\(s\) = 120000 frames; per-device batches "
+                                       r"that divide it on 3 device\(s\): none"):
+    update_plan(config, "asr", devices=3)
+  config.asr.update_freq = 4
+  with pytest.raises(ValueError, match=r"asr.update_freq=4 and data.frames_per_update=320000 "
+                                       r"both set the update"):
+    update_plan(config, "asr", devices=1)
 
 
 def test_every_config_is_a_paper_config_or_says_its_batch():
@@ -124,6 +143,7 @@ def test_every_config_is_a_paper_config_or_says_its_batch():
   for name in set(CONFIG_FILES) - set(PAPER_BATCHES) - {"default"}:
     config = importlib.import_module(f"configs.{name}").get_config()
     assert config.asr.update_freq == config.st.update_freq == 1, name
+    assert not config.data.frames_per_update, name
 
 
 # Gong et al. 2022, Tables 2-5, transcribed: (ASR WER, ST BLEU, Table 4 / 5 AVG-A, AVG-T, AVG-Z)

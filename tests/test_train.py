@@ -325,7 +325,7 @@ def test_frozen_parameters_stay_fixed_and_their_backward_is_not_computed():
   for name, trained in (("computed", None), ("skipped", optimizer.trained_predicate(config.asr))):
     step, _ = steps.make_steps(model, tx, schedule, DataParallel("jit"), 0.1, trained=trained)
     state = steps.create_state(model, tx, jax.random.PRNGKey(0))
-    convolutions[name] = step.lower(state, batch, True, True).as_text().count(
+    convolutions[name] = step.single.function.lower(state, batch).as_text().count(
         "stablehlo.convolution")
     for _ in range(2):
       state, _ = step(state, batch, True, True)
@@ -547,7 +547,7 @@ def test_eval_every_minus_one_evaluates_once_per_epoch(prepared):
   batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"), True)
   batches = len(batcher.epoch_plan(0))
   config.asr.eval_every, config.asr.update_freq = -1, 2
-  assert loop.resolved_eval_every(config.asr, batcher) == max(1, batches // 2)
+  assert loop.resolved_eval_every(config.asr, batcher, 2) == max(1, batches // 2)
   config.asr.eval_every = 0
   with pytest.raises(ValueError, match=r"eval_every=0; valid: a number of updates >= 1, or -1"):
     train.train_and_evaluate(config, "/nonexistent/run")
@@ -581,3 +581,22 @@ def test_two_step_training_freezes_all_but_the_named_parameters(prepared, tmp_pa
   second.asr.init_from = str(tmp_path / "nowhere")
   with pytest.raises(FileNotFoundError, match="asr.init_from=.*nowhere.*no .*asr/checkpoints"):
     train.train_and_evaluate(second, str(tmp_path / "fourth"))
+
+
+def test_every_program_is_compiled_before_the_first_update(prepared, tmp_path, caplog):
+  """An update of two micro-batches: each training batch shape's accumulate, one apply and
+  each dev shape's loss, compiled ahead and counted; no call compiles one on first use."""
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir, max_updates=3, eval_every=3, update_freq=2)
+  config.train.stages = ("asr",)
+  config.data.num_buckets = 2
+  train_batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"),
+                             True)
+  dev_batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr", "dev"),
+                                        "dev"), False)
+  expected = len(train_batcher.buckets) + 1 + len(dev_batcher.buckets)
+  with caplog.at_level(logging.INFO, logger="multiformer_jax"):
+    train.train_and_evaluate(config, str(tmp_path))
+  assert f"compiling {expected} programs before the first update" in caplog.text
+  assert f"{expected} programs compiled in" in caplog.text
+  assert "not compiled ahead" not in caplog.text

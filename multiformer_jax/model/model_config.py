@@ -96,8 +96,9 @@ class ModelConfig:
     self.validate()
 
   def validate(self):
-    if self.dtype not in COMPUTE_DTYPES:
-      raise ConfigError(f"model.dtype={self.dtype!r}; valid: {sorted(COMPUTE_DTYPES)}")
+    if self.dtype not in (*COMPUTE_DTYPES, "auto"):
+      raise ConfigError(f"model.dtype={self.dtype!r}; valid: {sorted(COMPUTE_DTYPES)} or "
+                        f"'auto' (bfloat16 on a GPU or TPU, float32 on a CPU)")
     if self.attention_implementation not in IMPLEMENTATIONS:
       raise ConfigError(f"model.attention_implementation={self.attention_implementation!r}; "
                         f"valid: {IMPLEMENTATIONS}")
@@ -203,6 +204,10 @@ class ModelConfig:
 
   @property
   def compute_dtype(self):
+    """The dtype activations and matrix products are computed in (parameters stay float32):
+    model.dtype, with 'auto' = bfloat16 with an accelerator, float32 on a CPU."""
+    if self.dtype == "auto":
+      return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
     return COMPUTE_DTYPES[self.dtype]
 
   @classmethod

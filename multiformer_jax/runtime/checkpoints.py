@@ -15,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from multiformer_jax.runtime import faults
+from multiformer_jax.runtime import faults, processes
 
 
 SELECTIONS = ("latest", "best", "average", "around_best")
@@ -98,23 +98,39 @@ class StageCheckpoints:
 
     A checkpoint that fails to restore (truncated or corrupted files) is moved aside to
     `corrupt-{step}` (kept for inspection, never deleted) with a warning, and the previous one
-    is tried."""
-    for step in reversed(self.steps()):
+    is tried. With several processes they agree: each tries the step process 0 names, a step
+    is taken only if it restored on every process, and only process 0 moves one aside (then
+    every process reads the directory again)."""
+    while True:
+      steps = self.steps()
+      step = processes.broadcast_int(steps[-1] if steps else -1)
+      if step < 0:
+        return None
       try:
         state, meta = self.restore(step, target)
+        error = None
+      except Exception as caught:  # pylint: disable=broad-except
+        state = meta = None
+        error = caught
+      if processes.all_true(error is None):
         return state, meta, step
-      except Exception as error:  # pylint: disable=broad-except
-        aside = os.path.join(self.directory, f"corrupt-{step}")
-        suffix = 1
-        while os.path.exists(aside):
-          aside, suffix = os.path.join(self.directory, f"corrupt-{step}.{suffix}"), suffix + 1
-        log.warning("checkpoint %d in %s does not restore (%s: %s); moved to %s, trying the "
-                    "previous one", step, self.directory, type(error).__name__,
-                    str(error).splitlines()[0][:200] if str(error) else "", aside)
-        os.replace(os.path.join(self.directory, str(step)), aside)
-        self.manager.close()
-        self.manager = self._open()
-    return None
+      if jax.process_index() == 0:
+        self._move_aside(step, error, log)
+      processes.barrier(f"checkpoint {step} of {self.directory} moved aside")
+      self.manager.close()
+      self.manager = self._open()
+
+  def _move_aside(self, step: int, error: Exception | None, log):
+    aside = os.path.join(self.directory, f"corrupt-{step}")
+    suffix = 1
+    while os.path.exists(aside):
+      aside, suffix = os.path.join(self.directory, f"corrupt-{step}.{suffix}"), suffix + 1
+    reason = ("it restored on process 0 but not on every process" if error is None else
+              f"{type(error).__name__}: "
+              f"{str(error).splitlines()[0][:200] if str(error) else ''}")
+    log.warning("checkpoint %d in %s does not restore (%s); moved to %s, trying the previous "
+                "one", step, self.directory, reason, aside)
+    os.replace(os.path.join(self.directory, str(step)), aside)
 
   def params(self, step: int):
     state, _ = self.restore(step)

@@ -56,8 +56,8 @@ class StageLogger:
   def start(self, step: int, total: int):
     self.bar = progress_bar(total=total, initial=step, desc=self.stage, unit="upd")
     self.t0 = self.t_flush = time.time()
-    self.log.info("%s: training from update %d to %d; the first step compiles (tens of "
-                  "seconds on CPU), that is not the steady speed", self.stage, step, total)
+    self.log.info("%s: training from update %d to %d; its programs are compiled first (the "
+                  "progress bar's first rate includes that)", self.stage, step, total)
 
   def accumulate(self, metrics, utterance_ids=None):
     """metrics of one micro-batch (on device); utterance_ids: the ids of every utterance of the

@@ -22,11 +22,12 @@ import numpy as np
 
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference
-from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
-                                         stage_ctc_weight, stage_key, task_keys)
+from multiformer_jax.experiment import (UpdatePlan, known_task_rows, model_config_for,
+                                         pipeline_config, stage_ctc_weight, stage_key,
+                                         task_keys, update_plan)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.runtime import compile_clock, faults
+from multiformer_jax.runtime import compile_clock, faults, processes
 from multiformer_jax.runtime.train_log import StageLogger
 from multiformer_jax.training import curves, text_stage, transfer
 from multiformer_jax.training.optimizer import (freezes, make_optimizer, trained_predicate,
@@ -36,17 +37,20 @@ from multiformer_jax.training.steps import (TrainState, create_state, evaluate_l
                                             make_steps, params_checksum)
 
 DONE = "DONE.json"
-PREFETCH_BATCHES = 4         # training batches assembled ahead of the step
 
 
 def loader_workers(config) -> int:
   """data.loader_workers, with -1 resolved by backend: on a CPU the step uses every core and
   batches are assembled between steps (dispatch is asynchronous, so that overlaps the step);
-  with an accelerator, background processes keep up with a fast step."""
+  with an accelerator, background processes keep up with a fast step: every core but one
+  (the training loop's) of those this process may run on."""
   workers = config.data.loader_workers
   if workers >= 0:
     return workers
-  return 0 if jax.default_backend() == "cpu" else max(1, min(8, (os.cpu_count() or 2) // 2))
+  if jax.default_backend() == "cpu":
+    return 0
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(1, (cores or 2) - 1)
 
 
 @dataclasses.dataclass
@@ -64,6 +68,7 @@ class StageRun:
   train_step: Callable
   eval_step: Callable
   dev_scorer: "DevScorer | None"
+  update: UpdatePlan
 
   @property
   def stage_cfg(self):
@@ -93,10 +98,12 @@ def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
     log.warning("stage %s: %d training utterances longer than data.max_source_frames=%d are "
                 "skipped (e.g. %s)", stage, len(train_batcher.too_long),
                 config.data.max_source_frames, ", ".join(train_batcher.too_long[:5]))
+  plan = update_plan(config, stage)
   log.info("stage %s: %d train / %d dev utterances, vocabulary %d, batch shapes "
-           "(batch, frames, tokens) %s, %d batch(es) of <= %d padded frames per update",
-           stage, len(train_data), len(dev_data), train_data.vocab.size, train_batcher.shapes,
-           config[stage].update_freq, config.data.max_frames)
+           "(batch, frames, tokens) %s; an update is %d batch(es) of <= %d padded frames "
+           "(%d per device, %d device(s)): %d frames", stage, len(train_data), len(dev_data),
+           train_data.vocab.size, train_batcher.shapes, plan.update_freq, plan.batch_frames,
+           plan.device_frames, plan.devices, plan.frames_per_update)
   return train_data, dev_data, tasks, train_batcher, dev_batcher
 
 
@@ -147,11 +154,11 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
       os.path.join(workdir, stage, "checkpoints"), scfg.keep_last, stage,
       kept_around_best(config, stage))
   state = create_state(model, tx, stage_key(config, stage))
-  iterator = ip.TrainIterator(train_batcher, workers=loader_workers(config),
-                              prefetch=PREFETCH_BATCHES)
+  iterator = ip.TrainIterator(train_batcher, workers=loader_workers(config))
   log.info("%s: training batches assembled %s; log.jsonl's data_wait_s is the time the loop "
-           "waited for them", stage, f"ahead by {iterator.workers} worker processes"
-           if iterator.workers else "in the training loop")
+           "waited for them", stage, f"ahead by {iterator.workers} worker processes into "
+           f"shared memory, {iterator.prefetch} batches ahead" if iterator.workers
+           else "in the training loop")
   state = _starting_state(config, stage, workdir, state, checkpoints, iterator, log)
   if trained is not None:
     values, total = trained_values(state.params, scfg, stage)
@@ -166,7 +173,7 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
   dev_scorer = DevScorer(config, stage, model, dev_data, tasks) if (
       jax.process_index() == 0 and config.eval.score_dev) else None
   return StageRun(config, stage, model, dp, train_data, iterator, dev_batcher, checkpoints,
-                  logger, train_step, eval_step, dev_scorer), state
+                  logger, train_step, eval_step, dev_scorer, update_plan(config, stage)), state
 
 
 def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
@@ -177,7 +184,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   primary = jax.process_index() == 0
   logger = StageLogger(stage_dir, stage, primary)
   log = logger.log
-  if os.path.exists(done_path):
+  if processes.broadcast_int(os.path.exists(done_path)):      # process 0's view, agreed
     with open(done_path, encoding="utf-8") as f:
       summary = json.load(f)
     log.info("stage %s already finished (%s): skipped", stage, done_path)
@@ -189,7 +196,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   phases_before, compile_before = compile_clock.by_phase(), compile_clock.seconds()
   logger.start(step, run.stage_cfg.max_updates)
   try:
-    with faults.StopRequest() as stop:
+    with faults.StopRequest() as stop:      # a stop asked while compiling: after update 1
+      compile_programs(run, state)
       step, state, early_stopped = _train_loop(run, state, step, stop)
   finally:
     run.iterator.close()
@@ -222,20 +230,41 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   return summary
 
 
-def _update(run: StageRun, state: TrainState, seen_shapes: set) -> TrainState:
-  """One update: {stage}.update_freq micro-batches through the train step."""
-  update_freq, logger = run.stage_cfg.update_freq, run.logger
+def compile_programs(run: StageRun, state: TrainState) -> int:
+  """Compiles every program the stage's updates and dev loss run, before the first update
+  (the persistent cache, train.compilation_cache, serves a rerun); -> how many compiled."""
+  log, dp = run.logger.log, run.dp
+  batcher = run.iterator.batcher
+  wanted = run.train_step.programs(
+      [dp.batch_spec(batcher.layout(b)) for b in range(len(batcher.buckets))],
+      run.update.update_freq)
+  wanted += [(run.eval_step, (dp.batch_spec(run.dev_batcher.layout(b)),))
+             for b in range(len(run.dev_batcher.buckets))]
+  log.info("stage %s: compiling %d programs before the first update (%d batch shapes, an "
+           "update of %d micro-batch(es), %d dev shapes)", run.stage, len(wanted),
+           len(batcher.buckets), run.update.update_freq, len(run.dev_batcher.buckets))
+  start, compiled = time.perf_counter(), 0
+  for number, (programs, specs) in enumerate(wanted, 1):
+    began = time.perf_counter()
+    if programs.compile(state, *specs):
+      compiled += 1
+    shape = specs[0]["features"].shape[-3:-1] + specs[0]["targets"].shape[-1:] if specs else ()
+    log.info("compiled %d/%d: %s %s in %.1f s", number, len(wanted), programs.name,
+             shape or "(one for every shape)", time.perf_counter() - began)
+  log.info("stage %s: %d programs compiled in %.0f s", run.stage, compiled,
+           time.perf_counter() - start)
+  return compiled
+
+
+def _update(run: StageRun, state: TrainState) -> TrainState:
+  """One update: the stage's micro-batches (UpdatePlan.update_freq) through the train step."""
+  update_freq, logger = run.update.update_freq, run.logger
   update_ids = []
   for micro in range(update_freq):
     waited = time.perf_counter()
     batch = next(run.iterator)
     logger.data_wait(time.perf_counter() - waited)
     update_ids += [str(run.train_data.ids[i]) for i in batch["index"] if i >= 0]
-    shape = batch["features"].shape[:2] + batch["targets"].shape[1:]
-    if shape not in seen_shapes:
-      seen_shapes.add(shape)
-      logger.log.info("compiling the train step for batch shape %s (first use; later steps "
-                      "with this shape are fast)", shape)
     last_micro = micro == update_freq - 1
     state, metrics = run.train_step(state, run.dp.shard(batch), last_micro, micro == 0)
     logger.accumulate(metrics, update_ids if last_micro else None)
@@ -263,11 +292,10 @@ def _train_loop(run: StageRun, state: TrainState, step: int, stop: faults.StopRe
   on schedule; on a stop request saves a checkpoint after the current update and raises
   Preempted. -> (step, state, early_stopped)."""
   config, stage, scfg, log = run.config, run.stage, run.stage_cfg, run.logger.log
-  eval_every = resolved_eval_every(scfg, run.iterator.batcher)
+  eval_every = resolved_eval_every(scfg, run.iterator.batcher, run.update.update_freq)
   patience = config.train.early_stop_patience
-  seen_shapes = set()
   while step < scfg.max_updates:
-    state = _update(run, state, seen_shapes)
+    state = _update(run, state)
     step += 1
     if step % config.train.log_every == 0 or step == scfg.max_updates:
       nonfinite = run.logger.flush(step)
@@ -328,11 +356,11 @@ def evaluations_without_improvement(checkpoints, step: int, eval_every: int) -> 
   return 0 if best is None else (step - best) // eval_every
 
 
-def resolved_eval_every(stage_cfg, batcher: ip.Batcher) -> int:
+def resolved_eval_every(stage_cfg, batcher: ip.Batcher, update_freq: int) -> int:
   """{stage}.eval_every, with -1 = once per epoch of the training data (fairseq's default:
   validate and save at every epoch end): the epoch's batches / update_freq updates."""
   if stage_cfg.eval_every == -1:
-    return max(1, len(batcher.epoch_plan(0)) // stage_cfg.update_freq)
+    return max(1, len(batcher.epoch_plan(0)) // update_freq)
   return stage_cfg.eval_every
 
 

@@ -50,7 +50,9 @@ class DataParallel:
     if self.mode == "pmap":
       from flax import jax_utils  # pylint: disable=import-outside-toplevel
       return jax_utils.replicate(tree, self.local_devices)
-    return jax.device_put(tree, self.replicated)
+    # From host values: a restored state's arrays sit on one device of this process, and
+    # moving them onto a mesh that spans processes would be a cross-host transfer.
+    return jax.device_put(jax.device_get(tree), self.replicated)
 
   def unreplicate(self, tree):
     """-> host numpy arrays of one replica."""
@@ -66,6 +68,26 @@ class DataParallel:
           batch)
     return jax.tree_util.tree_map(
         lambda x: jax.make_array_from_process_local_data(self.sharded, np.asarray(x)), batch)
+
+  def batch_spec(self, layout: dict) -> dict:
+    """{field: (shape, dtype)} of this process's batch -> the specs `shard` gives the steps
+    (jax.ShapeDtypeStruct), to compile them ahead of the first batch."""
+    if self.mode == "pmap":
+      # Across processes pmap lowers from this process's arrays only (not shapes): zeros,
+      # allocated lazily.
+      spec = jax.ShapeDtypeStruct if jax.process_count() == 1 else np.zeros
+      return {name: spec((self.num_local, shape[0] // self.num_local) + tuple(shape[1:]), dtype)
+              for name, (shape, dtype) in layout.items()}
+    return {name: jax.ShapeDtypeStruct((shape[0] * jax.process_count(),) + tuple(shape[1:]),
+                                       dtype, sharding=self.sharded)
+            for name, (shape, dtype) in layout.items()}
+
+  @property
+  def calls_compiled(self) -> bool:
+    """Whether a program compiled ahead (`lower(...).compile()`) takes this process's batch:
+    not with pmap across processes (its executable takes global arrays, which pmap's own call
+    makes from the local ones), where compiling ahead fills jax's caches for that call."""
+    return self.mode == "jit" or jax.process_count() == 1
 
   def compile(self, fn, static_argnums=(), donate_argnums=()):
     """fn(state, batch, *static) -> compiled for this mode (state replicated, batch sharded)."""

@@ -4,6 +4,7 @@ skipped non-finite updates, hybrid CTC/attention and head-selection losses) and 
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import Any, Callable
 
 import flax
@@ -28,7 +29,7 @@ class TrainState:
   params: Any
   opt_state: Any
   grad_acc: Any              # gradient sums since the last update (zero between updates)
-  acc_tokens: jnp.ndarray    # target tokens since the last update
+  acc_tokens: jnp.ndarray    # target tokens since the last update (over every device)
   rng: jnp.ndarray
   nonfinite: jnp.ndarray     # consecutive skipped updates
 
@@ -110,26 +111,82 @@ def make_loss_sums(model: S2TModel, label_smoothing: float, train_cfg=None,
   return loss_sums
 
 
+class Programs:
+  """A step function compiled once per shape of its arguments, ahead of use where `compile`
+  is given their specs (jax.ShapeDtypeStruct), else on first call."""
+
+  def __init__(self, function, name: str, call_compiled: bool = True):
+    self.function, self.name, self.call_compiled = function, name, call_compiled
+    self.compiled = {}
+    self.not_ahead = set()        # argument shapes first met in a call (compiled then)
+
+  @staticmethod
+  def key(args) -> tuple:
+    return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
+
+  def compile(self, state, *specs):
+    """Compiles for (state, *specs) unless already compiled; -> whether it compiled."""
+    key = self.key(specs)
+    if key in self.compiled:
+      return False
+    executable = self.function.lower(state, *specs).compile()
+    self.compiled[key] = executable if self.call_compiled else self.function
+    return True
+
+  def __call__(self, state, *args):
+    key = self.key(args)
+    compiled = self.compiled.get(key)
+    if compiled is None and self.compiled and key not in self.not_ahead:
+      self.not_ahead.add(key)
+      logging.getLogger("multiformer_jax").warning(
+          "%s: compiling for argument shapes %s, which were not compiled ahead", self.name,
+          [shape for shape, _ in key])
+    return (compiled or self.function)(state, *args)
+
+
+class TrainStep:
+  """The update's programs, called `train_step(state, batch, apply_update, first_micro)` for
+  each micro-batch of an update (`first_micro`: it starts the update, `apply_update`: it
+  ends it).
+
+  An update of one micro-batch is one program per batch shape (`single`: the gradients
+  all-reduced once and applied). An update of several is `accumulate` per batch shape (each
+  device adds its micro-batch's gradients into its own `grad_acc`, no all-reduce) and one
+  `apply` whatever the shapes (the accumulated gradients all-reduced once, divided by the
+  update's target tokens, clipped and applied; `grad_acc` zeroed). No static flag multiplies
+  the programs: a stage needs its batch shapes' programs plus at most one."""
+
+  def __init__(self, single: Programs, accumulate: Programs, apply: Programs):
+    self.single, self.accumulate, self.apply = single, accumulate, apply
+
+  def programs(self, batch_specs: list, update_freq: int) -> list[tuple[Programs, tuple]]:
+    """(programs, specs after the state) of every program an update of `update_freq`
+    micro-batches of these shapes runs."""
+    if update_freq == 1:
+      return [(self.single, (spec,)) for spec in batch_specs]
+    return [(self.accumulate, (spec,)) for spec in batch_specs] + [(self.apply, ())]
+
+  def __call__(self, state, batch, apply_update: bool = True, first_micro: bool = True):
+    if apply_update and first_micro:
+      return self.single(state, batch)
+    state, sums = self.accumulate(state, batch)
+    if not apply_update:
+      return state, sums
+    state, update = self.apply(state)
+    return state, {**sums, **update}
+
+
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
                train_cfg=None, ctc_weight: float = 0.0,
                trained: Callable[[str], bool] | None = None):
-  """-> (train_step(state, batch, apply_update, first_micro), eval_step(state, batch)), compiled;
-  the loss is make_loss_sums'.
+  """-> (TrainStep, eval_step: Programs of eval(state, batch)); the loss is make_loss_sums'.
 
-  train_step's two static flags give the micro-batch's place in an update of `update_freq`
-  micro-batches: `first_micro` (it starts the update) and `apply_update` (it ends it; with
-  update_freq = 1 both are True). The first micro-batch's gradients become the sums without
-  reading `grad_acc`, which is zero between updates; an update that started with it leaves
-  `grad_acc` untouched (still zero). The results are those of always adding into `grad_acc`
-  and zeroing it after the update; the parameter-sized accumulator is just not read and
-  rewritten when there is nothing in it.
-
-  A non-finite loss or gradient norm skips the update (parameters and optimizer state kept)
-  through `lax.cond`, not a select per leaf: with the select XLA recomputes Adam's new moments
-  inside the parameters' update and so reads the old moments twice, which costs a copy of
-  every donated parameter, moment and accumulator per update (on a 2-core CPU the optimizer's
-  part of an s2t_transformer_s update took about twice as long;
-  docs/notes/benchmarks-lab-notebook.md).
+  Between updates `grad_acc` is zero. A non-finite loss or gradient norm skips the update
+  (parameters and optimizer state kept) through `lax.cond`, not a select per leaf: with the
+  select XLA recomputes Adam's new moments inside the parameters' update and so reads the
+  old moments twice, which costs a copy of every donated parameter, moment and accumulator per
+  update (on a 2-core CPU the optimizer's part of an s2t_transformer_s update took about twice
+  as long; docs/notes/benchmarks-lab-notebook.md).
 
   `trained` (parameter name -> bool, default: all) differentiates only the parameters it
   accepts (`as_constants`); the optimizer's freeze_all_but keeps the others fixed.
@@ -141,7 +198,8 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  def train_step(state: TrainState, batch, apply_update: bool, first_micro: bool):
+  def micro_gradients(state: TrainState, batch):
+    """-> (this device's gradient sums, the micro-batch's sums over every device)."""
     key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
                              dp.device_index())
     differentiated = loss_sums if trained is None else (
@@ -150,32 +208,50 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
         state.params, batch, False, key, state.step)
     sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
                     "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
-    grads = dp.psum(grads)
-    grad_acc = grads if first_micro else jax.tree_util.tree_map(jnp.add, state.grad_acc, grads)
-    acc_tokens = sums["tokens"] + (0.0 if first_micro else state.acc_tokens)
-    state = state.replace(micro_step=state.micro_step + 1)
-    if not apply_update:
-      return state.replace(grad_acc=grad_acc, acc_tokens=acc_tokens), sums
-    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(acc_tokens, 1.0), grad_acc)
+    return grads, sums
+
+  def finish_update(state: TrainState, grads, tokens, loss, grad_acc):
+    """The update from its gradient sums over every device and its target tokens; skipped
+    where the gradient norm or `loss` is not finite."""
+    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(tokens, 1.0), grads)
     grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
     params, opt_state = jax.lax.cond(finite, apply_optimizer, lambda operands: operands[:2],
                                      (state.params, state.opt_state, grads))
     lr = schedule(state.step)
-    state = state.replace(
-        step=state.step + 1, params=params, opt_state=opt_state,
-        grad_acc=(state.grad_acc if first_micro
-                  else jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc)),
-        acc_tokens=jnp.zeros_like(state.acc_tokens),
-        nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
-    return state, {**sums, "grad_norm": grad_norm, "lr": lr, "finite": finite}
+    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                          grad_acc=grad_acc, acc_tokens=jnp.zeros_like(state.acc_tokens),
+                          nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
+    return state, {"grad_norm": grad_norm, "lr": lr, "finite": finite}
+
+  def single(state: TrainState, batch):
+    grads, sums = micro_gradients(state, batch)
+    state = state.replace(micro_step=state.micro_step + 1)
+    state, update = finish_update(state, dp.psum(grads), sums["tokens"], sums["loss"],
+                                  state.grad_acc)       # untouched: still zero
+    return state, {**sums, **update}
+
+  def accumulate(state: TrainState, batch):
+    grads, sums = micro_gradients(state, batch)
+    return state.replace(
+        micro_step=state.micro_step + 1,
+        grad_acc=jax.tree_util.tree_map(jnp.add, state.grad_acc, grads),   # this device's
+        acc_tokens=state.acc_tokens + sums["tokens"]), sums
+
+  def apply(state: TrainState):
+    # A non-finite micro-batch loss makes its gradients, and so their norm, non-finite.
+    return finish_update(state, dp.psum(state.grad_acc), state.acc_tokens, 0.0,
+                         jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc))
 
   def eval_step(state: TrainState, batch):
     loss, aux = loss_sums(state.params, batch, True)
     return dp.psum({"loss": loss, **aux})
 
-  return (dp.compile(train_step, static_argnums=(2, 3), donate_argnums=(0,)),
-          dp.compile(eval_step))
+  compile_ = lambda fn, name, donate=(0,): Programs(
+      dp.compile(fn, donate_argnums=donate), name, dp.calls_compiled)
+  return (TrainStep(compile_(single, "train step"), compile_(accumulate, "accumulate"),
+                    compile_(apply, "apply")),
+          compile_(eval_step, "dev loss", ()))
 
 
 def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:

@@ -10,13 +10,14 @@ checkpoint, the best by dev loss kept beside the last K. Rerunning the same comm
 from __future__ import annotations
 
 import logging
+import os
 
 import jax
 
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.runtime import host_memory
+from multiformer_jax.runtime import host_memory, processes
 from multiformer_jax.training import text_stage
 from multiformer_jax.training.data_setup import ensure_prepared, evaluated_splits
 from multiformer_jax.training.loop import run_stage
@@ -68,7 +69,14 @@ def train_and_evaluate(config, workdir: str) -> dict:
   check_config(config)
   if jax.process_index() == 0:
     ckpt_lib.save_config(workdir, config)
-  ensure_prepared(config, log)
+  # Process 0 prepares (the directory is shared); the others wait, then read it.
+  processes.on_first_process(lambda: ensure_prepared(config, log),
+                             f"preparing {config.data.prepared_dir}")
+  if not os.path.exists(os.path.join(config.data.prepared_dir, "prepared.json")):
+    raise FileNotFoundError(
+        f"process {jax.process_index()} does not see {config.data.prepared_dir}/prepared.json, "
+        f"which process 0 prepared: data.prepared_dir must be on a filesystem every process "
+        f"reads")
   text_stage.check_config(config, prepared=True)
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
