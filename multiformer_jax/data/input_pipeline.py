@@ -342,6 +342,18 @@ def apply_cmvn(fbank: np.ndarray, cmvn: str, gcmvn=None) -> np.ndarray:
   return fbank
 
 
+def apply_cmvn_into(fbank: np.ndarray, out: np.ndarray, cmvn: str, gcmvn=None, scratch=None):
+  """out [frames, 80] = apply_cmvn(fbank, cmvn, gcmvn), the same values, written into `out`
+  (utterance CMVN by the C++ function; `scratch`: float64 room for its numpy fallback)."""
+  if cmvn == "utterance":
+    native_cmvn.utterance_cmvn_into(fbank, out, scratch)
+  elif cmvn == "global":
+    np.subtract(fbank, gcmvn[0], out=out)
+    np.divide(out, gcmvn[1], out=out)
+  else:
+    np.copyto(out, fbank)
+
+
 def split_tags(data: SplitData) -> dict[str, list[str]]:
   """{tag name: sorted distinct values} of the rows of `data`."""
   return {name: sorted(set(map(str, values))) for name, values in data.tag_values.items()}
@@ -513,13 +525,7 @@ class Batcher:
       n = len(source)
       out = features[row, :n]                       # [frames, dim], contiguous
       features[row, n:] = 0.0
-      if cfg.cmvn == "utterance":
-        native_cmvn.utterance_cmvn_into(source, out, scratch)
-      elif cfg.cmvn == "global":
-        np.subtract(source, data.gcmvn[0], out=out)
-        np.divide(out, data.gcmvn[1], out=out)
-      else:
-        np.copyto(out, source)
+      apply_cmvn_into(source, out, cfg.cmvn, data.gcmvn, scratch)
       if self.spec_augment is not None:
         self.spec_augment.apply_in_place(out, np.random.default_rng([cfg.seed, epoch, int(i)]))
       batch["lengths"][row] = n
@@ -542,8 +548,8 @@ class TrainIterator:
 
   Batches are views of reused buffers (multiformer_jax.data.workers.SlotPool): a buffer is
   written again only once nothing refers to the batch it held, so the memory is touched once,
-  not allocated per batch. With `workers` > 0 the batches are assembled ahead (reading, CMVN, SpecAugment, padding) by
-  that many background processes straight into shared memory (multiformer_jax.data.workers),
+  not allocated per batch. With `workers` > 0 the batches are assembled ahead (reading, CMVN,
+  SpecAugment, padding) by that many background processes straight into shared memory (multiformer_jax.data.workers),
   up to `prefetch` batches ahead of the training loop (default: two per worker), in plan
   order. A batch is a pure function of (seed, epoch, position), so prefetching changes
   neither the batches nor `state()`: the state names the next batch the loop will receive,

@@ -39,7 +39,7 @@ def _layout_offsets(layout: dict) -> tuple[dict, int]:
   offsets, end = {}, 0
   for name, (shape, dtype) in layout.items():
     offsets[name] = (end, shape, dtype)
-    end += -(-int(np.prod(shape)) * dtype.itemsize // 64) * 64
+    end += (int(np.prod(shape)) * dtype.itemsize + 63) // 64 * 64
   return offsets, end
 
 
@@ -167,10 +167,6 @@ class WorkerPool:
     for process in self._processes:
       process.start()
     self._closed = False
-
-  @property
-  def in_flight(self) -> int:
-    return len(self._task_slot)
 
   def submit(self, number: int, bucket: int, indices: np.ndarray, epoch: int):
     slot = self.slots.acquire()

@@ -82,7 +82,8 @@ class StageRun:
 
 
 def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
-  """-> (training data, dev data, task keys, training batcher, dev batcher) of a stage."""
+  """-> (training data, dev data, task keys, training batcher, dev batcher, update plan) of a
+  stage."""
   train_data = ip.SplitData(pipeline_config(config, stage), config.data.train_split)
   dev_data = ip.SplitData(pipeline_config(config, stage, "dev"), config.data.dev_split)
   tasks = task_keys(config, stage)
@@ -104,7 +105,7 @@ def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
            "(%d per device, %d device(s)): %d frames", stage, len(train_data), len(dev_data),
            train_data.vocab.size, train_batcher.shapes, plan.update_freq, plan.batch_frames,
            plan.device_frames, plan.devices, plan.frames_per_update)
-  return train_data, dev_data, tasks, train_batcher, dev_batcher
+  return train_data, dev_data, tasks, train_batcher, dev_batcher, plan
 
 
 def _starting_state(config, stage: str, workdir: str, state: TrainState,
@@ -142,7 +143,8 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
                   ) -> tuple[StageRun, TrainState]:
   """The stage's data, model, optimizer, steps and checkpoints, and the state it starts from."""
   log, scfg = logger.log, config[stage]
-  train_data, dev_data, tasks, train_batcher, dev_batcher = _stage_data(config, stage, dp, log)
+  train_data, dev_data, tasks, train_batcher, dev_batcher, plan = _stage_data(config, stage,
+                                                                              dp, log)
   model = S2TModel(model_config_for(config, train_data.vocab.size, tasks, stage))
   for side, key in (tasks or {}).items():
     log.info("stage %s: %s heads keyed by %s, %d tasks: %s", stage, side, key.field,
@@ -173,7 +175,7 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
   dev_scorer = DevScorer(config, stage, model, dev_data, tasks) if (
       jax.process_index() == 0 and config.eval.score_dev) else None
   return StageRun(config, stage, model, dp, train_data, iterator, dev_batcher, checkpoints,
-                  logger, train_step, eval_step, dev_scorer, update_plan(config, stage)), state
+                  logger, train_step, eval_step, dev_scorer, plan), state
 
 
 def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:

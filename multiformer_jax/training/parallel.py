@@ -86,7 +86,7 @@ class DataParallel:
   def calls_compiled(self) -> bool:
     """Whether a program compiled ahead (`lower(...).compile()`) takes this process's batch:
     not with pmap across processes (its executable takes global arrays, which pmap's own call
-    makes from the local ones), where compiling ahead fills jax's caches for that call."""
+    makes from the local ones): there compiling ahead only warms the compilation caches."""
     return self.mode == "jit" or jax.process_count() == 1
 
   def compile(self, fn, static_argnums=(), donate_argnums=()):

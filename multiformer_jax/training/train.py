@@ -72,7 +72,8 @@ def train_and_evaluate(config, workdir: str) -> dict:
   # Process 0 prepares (the directory is shared); the others wait, then read it.
   processes.on_first_process(lambda: ensure_prepared(config, log),
                              f"preparing {config.data.prepared_dir}")
-  if not os.path.exists(os.path.join(config.data.prepared_dir, "prepared.json")):
+  if jax.process_count() > 1 and not os.path.exists(
+      os.path.join(config.data.prepared_dir, "prepared.json")):
     raise FileNotFoundError(
         f"process {jax.process_index()} does not see {config.data.prepared_dir}/prepared.json, "
         f"which process 0 prepared: data.prepared_dir must be on a filesystem every process "
