@@ -5,7 +5,8 @@ tests/fixtures/make_fairseq_fixture.py for the Python 3.11 patch fairseq needs):
     /tmp/fsenv/bin/python benchmarks/fairseq_train_step.py --out docs/benchmarks/fairseq_train_step.jsonl
 
 One update = forward (dropout on), fairseq's label-smoothed NLL (eps 0.1), backward, clip-norm
-10, Adam (fairseq's own FairseqAdam is the same arithmetic as torch.optim.Adam).
+10, torch.optim.Adam (fairseq's own Adam adds eps before the bias correction instead of after:
+the same cost).
 """
 
 import argparse

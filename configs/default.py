@@ -42,6 +42,9 @@ def get_config(arg=None):
   m.conv_kernels = (5, 5)      # subsampler Conv1d kernels, one per layer
   m.conv_strides = (2, 2)      # subsampler strides; (1, 1) = no downsampling (thesis App. B)
   m.conv_channels = 1024       # subsampler hidden channels (before GLU)
+  m.subsampler_masks_padding = True  # zero padded frames before each subsampler conv; False =
+                               # fairseq's, whose output for an utterance depends on its
+                               # batch-mates' padding (to reproduce fairseq's training)
   m.dropout = 0.1
   m.attention_dropout = 0.1
   m.activation_dropout = 0.1

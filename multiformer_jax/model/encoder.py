@@ -54,7 +54,8 @@ class Encoder(nn.Module):
   def setup(self):
     cfg = self.config
     self.subsample = Conv1dSubsampler(cfg.conv_channels, cfg.d_model, cfg.conv_kernels,
-                                      cfg.conv_strides, cfg.compute_dtype, name="subsample")
+                                      cfg.conv_strides, cfg.compute_dtype,
+                                      cfg.subsampler_masks_padding, name="subsample")
     self.dropout = Dropout(cfg.dropout)
     self.layers = [EncoderLayer(cfg, layer, i, name=f"layers_{i}")
                    for i, layer in enumerate(cfg.layout)]

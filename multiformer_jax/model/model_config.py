@@ -51,6 +51,7 @@ class ModelConfig:
   conv_kernels: tuple[int, ...] = (5, 5)
   conv_strides: tuple[int, ...] = (2, 2)
   conv_channels: int = 1024
+  subsampler_masks_padding: bool = True
   dropout: float = 0.1
   attention_dropout: float = 0.1
   activation_dropout: float = 0.1

@@ -20,15 +20,18 @@ class Conv1dSubsampler(nn.Module):
   """[batch, frames, in_dim], lengths -> [batch, frames', out_dim], lengths'.
 
   Layer i: Conv1d(kernel k_i, stride s_i, padding k_i//2) to `channels` (the last layer to
-  2*out_dim) then GLU over channels, halving them. Padded frames are zeroed before each conv,
-  so an utterance's output does not depend on what it is batched with (fairseq does not).
-  Stride 1 everywhere gives the thesis's no-downsampling variants.
+  2*out_dim) then GLU over channels, halving them. With `masks_padding` padded frames are
+  zeroed before each conv, so an utterance's output does not depend on what it is batched
+  with; without, only the input's padding is zero, as in fairseq, where the first conv's
+  output over the padding reaches the last valid frames through the next conv. Stride 1
+  everywhere gives the thesis's no-downsampling variants.
   """
   channels: int = 1024
   out_dim: int = 256
   kernels: Sequence[int] = (5, 5)
   strides: Sequence[int] = (2, 2)
   dtype: jnp.dtype = jnp.float32
+  masks_padding: bool = True
 
   @nn.compact
   def __call__(self, x, lengths):
@@ -36,7 +39,8 @@ class Conv1dSubsampler(nn.Module):
       raise ValueError(f"subsampler kernels {tuple(self.kernels)} and strides "
                        f"{tuple(self.strides)} must have the same length")
     for i, (kernel, stride) in enumerate(zip(self.kernels, self.strides)):
-      x = x * lengths_to_mask(lengths, x.shape[1])[..., None].astype(x.dtype)
+      if i == 0 or self.masks_padding:
+        x = x * lengths_to_mask(lengths, x.shape[1])[..., None].astype(x.dtype)
       out_channels = self.channels if i < len(self.kernels) - 1 else 2 * self.out_dim
       pad = kernel // 2
       x = nn.Conv(out_channels, (kernel,), strides=(stride,), padding=[(pad, pad)],

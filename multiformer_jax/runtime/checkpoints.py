@@ -193,11 +193,7 @@ class StageCheckpoints:
     steps = self.steps_around_best(last) if around_best else self.contiguous_steps(last)
     if not steps:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    total = None
-    for step in steps:
-      params = jax.tree_util.tree_map(np.asarray, self.params(step))
-      total = params if total is None else jax.tree_util.tree_map(np.add, total, params)
-    return jax.tree_util.tree_map(lambda x: x / len(steps), total), steps
+    return average_params(self.params(step) for step in reversed(steps)), steps
 
   def select_params(self, which: str, average_last: int = 10):
     """'latest' | 'best' | 'average' (of the last `average_last`) | 'around_best' (the average
@@ -216,6 +212,19 @@ class StageCheckpoints:
     if step is None:
       raise FileNotFoundError(f"no checkpoint in {self.directory}")
     return self.params(step), f"{which} (step {step})"
+
+
+def average_params(newest_first):
+  """The mean of parameter trees (an iterable, read one at a time) as fairseq's
+  scripts/average_checkpoints.py computes it: the sum in the order given (newest first, as its
+  last_n_checkpoints lists them), then one division, so that the result is fairseq's bit for
+  bit."""
+  total, count = None, 0
+  for params in newest_first:
+    params = jax.tree_util.tree_map(np.asarray, params)
+    total = params if total is None else jax.tree_util.tree_map(np.add, total, params)
+    count += 1
+  return jax.tree_util.tree_map(lambda x: x / count, total)
 
 
 def check_writable(workdir: str):

@@ -1,9 +1,10 @@
-"""The optimizer of a stage: fairseq's learning-rate schedules, Adam with clip-norm, and which
-parameters a stage trains ({stage}.train_only, {stage}.frozen), by their names in the
+"""The optimizer of a stage: fairseq's learning-rate schedules, clip-norm and Adam (each its
+arithmetic, tests/test_fairseq_training.py), and which parameters a stage trains ({stage}.train_only, {stage}.frozen), by their names in the
 parameter tree ('encoder/layers_0/...')."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import flax
@@ -56,12 +57,51 @@ def make_schedule(stage_cfg):
 def make_optimizer(train_cfg, stage_cfg):
   schedule = make_schedule(stage_cfg)
   transforms = [freeze_all_but(trained_predicate(stage_cfg))] if freezes(stage_cfg) else []
-  transforms += [optax.clip_by_global_norm(train_cfg.clip_norm),
-                optax.scale_by_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
+  transforms += [clip_grad_norm(train_cfg.clip_norm),
+                scale_by_fairseq_adam(train_cfg.adam_b1, train_cfg.adam_b2, train_cfg.adam_eps),
                 optax.scale_by_learning_rate(schedule)]
   if train_cfg.selection_lr_multiplier != 1.0:
     transforms.append(scale_head_selector_updates(train_cfg.selection_lr_multiplier))
   return optax.chain(*transforms), schedule
+
+
+def clip_grad_norm(max_norm: float) -> optax.GradientTransformation:
+  """fairseq's clip_grad_norm_: every gradient times min(1, max_norm / (norm + 1e-6)), the
+  norm over all of them; max_norm 0 (fairseq's --clip-norm 0) leaves them alone."""
+  def update(updates, state, params=None):
+    del params
+    if max_norm <= 0:
+      return updates, state
+    coefficient = jnp.minimum(1.0, max_norm / (optax.global_norm(updates) + 1e-6))
+    return jax.tree_util.tree_map(lambda g: g * coefficient.astype(g.dtype), updates), state
+  return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+def scale_by_fairseq_adam(b1: float, b2: float, eps: float) -> optax.GradientTransformation:
+  """fairseq's Adam (fairseq/optim/adam.py), before the learning rate: the moments as in
+  every Adam, the step sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps). eps is added to
+  the uncorrected sqrt(v); optax's scale_by_adam (and torch.optim.Adam) add it to the
+  corrected one, an eps 1 / sqrt(1 - b2^t) times fairseq's (31x at t = 1 with b2 0.999).
+  The state is optax's ScaleByAdamState."""
+  def init(params):
+    zeros = lambda p: jnp.zeros_like(p, jnp.float32)
+    return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
+                                  mu=jax.tree_util.tree_map(zeros, params),
+                                  nu=jax.tree_util.tree_map(zeros, params))
+
+  def update(updates, state, params=None):
+    del params
+    mu = jax.tree_util.tree_map(lambda m, g: b1 * m + (1.0 - b1) * g, state.mu, updates)
+    nu = jax.tree_util.tree_map(lambda v, g: b2 * v + (1.0 - b2) * g * g, state.nu, updates)
+    count = optax.safe_int32_increment(state.count)
+    # 1 - b^t as -expm1(t log b): in float32, 1 - 0.999 ** 1 would be 6e-5 off relatively.
+    t = count.astype(jnp.float32)
+    correction = lambda b: -jnp.expm1(t * math.log(b))
+    step_size = jnp.sqrt(correction(b2)) / correction(b1)
+    updates = jax.tree_util.tree_map(lambda m, v: step_size * (m / (jnp.sqrt(v) + eps)), mu,
+                                     nu)
+    return updates, optax.ScaleByAdamState(count=count, mu=mu, nu=nu)
+  return optax.GradientTransformation(init, update)
 
 
 def scale_head_selector_updates(multiplier: float) -> optax.GradientTransformation:
