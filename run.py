@@ -1,4 +1,5 @@
-"""Trains (and optionally evaluates) an experiment: the only entry point with flags.
+"""Trains (and optionally evaluates) an experiment from its config (absl flags: --config=FILE.py
+and --config.a.b=v overrides, as ml_collections configs are given).
 
     python run.py --config=configs/s2t_v2.py --workdir=runs/v2
     python run.py --config=configs/s2t_v2.py:runlocal --workdir=runs/v2_tiny \

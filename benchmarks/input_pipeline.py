@@ -17,7 +17,7 @@ utterance CMVN, SpecAugment "lb"):
   batches read once before) and cold (the kernel's caches dropped first, where the machine
   lets this process do it; else the row says why not);
 - `padding`: over a whole epoch's plan, the share of padded source frames and of padded
-  target tokens, with 8 source buckets each split by target length into 1-6
+  target tokens, with 8 source buckets each split by target length into 1-8
   (data.num_token_buckets).
 The matmul peak of the same run says which machine it was.
 """
@@ -55,9 +55,10 @@ def mustc_like_lengths(count: int, rng) -> tuple[np.ndarray, np.ndarray]:
   return frames, np.maximum(np.round(pieces), 1).astype(np.int64)
 
 
-def write_corpus(out: str, gigabytes: float, seed: int = 0) -> dict:
+def write_corpus(out: str, gigabytes: float, seed: int = 0, features: bool = True) -> dict:
   """A prepared corpus (current format) of about `gigabytes` of train features and a small
-  dev split; -> its sizes."""
+  dev split; -> its sizes. Without `features` only its index (the same lengths): enough to
+  plan batches, not to read them."""
   rng = np.random.default_rng(seed)
   block = rng.normal(size=(1 << 20, 80)).astype(np.float32) * 4 + 10      # 320 MB
   os.makedirs(os.path.join(out, "index"), exist_ok=True)
@@ -73,6 +74,9 @@ def write_corpus(out: str, gigabytes: float, seed: int = 0) -> dict:
     start = 0
     for shard in range(num_shards):
       rows = np.flatnonzero(shard_of == shard)
+      if not features:
+        offsets[rows] = np.cumsum(frames[rows]) - frames[rows]
+        continue
       with feature_store.ShardWriter(os.path.join(out, files[split][shard]), 80) as writer:
         for i in rows:
           at = int(rng.integers(0, len(block) - frames[i]))
@@ -179,20 +183,28 @@ def main(argv=None):
   parser.add_argument("--out", default="docs/benchmarks/input_pipeline.jsonl")
   parser.add_argument("--keep", action="store_true", help="keep the corpus")
   parser.add_argument("--reuse", action="store_true", help="use the corpus already there")
+  parser.add_argument("--padding_only", action="store_true",
+                      help="only the padding rows, from an index-only corpus of the same "
+                           "lengths (seconds, not the minutes the features take)")
   args = parser.parse_args(argv)
   peak_before = matmul_peak()
   results = Results(args.out, {**machine(), **vars(args), "command": " ".join(sys.argv),
                                "matmul_peak_gflops_before": round(peak_before / 1e9, 1)})
-  if not (args.reuse and os.path.exists(os.path.join(args.corpus_dir, "prepared.json"))):
+  if args.padding_only or not (
+      args.reuse and os.path.exists(os.path.join(args.corpus_dir, "prepared.json"))):
     shutil.rmtree(args.corpus_dir, ignore_errors=True)
     start = time.time()
-    sizes = write_corpus(args.corpus_dir, args.gb)
-    results.add(kind="corpus", **sizes["train"], write_s=round(time.time() - start, 1))
-  for token_buckets in (1, 2, 3, 4, 6):
+    sizes = write_corpus(args.corpus_dir, args.gb, features=not args.padding_only)
+    results.add(kind="corpus", **sizes["train"], write_s=round(time.time() - start, 1),
+                features_written=not args.padding_only)
+  for token_buckets in (1, 2, 4, 6, 8):
     config = ip.PipelineConfig(args.corpus_dir, task="st", max_frames=args.max_frames,
                                num_buckets=8, num_token_buckets=token_buckets, seed=1)
     results.add(kind="padding", num_buckets=8, num_token_buckets=token_buckets,
                 **padding(ip.Batcher(ip.SplitData(config, "train"), True)))
+  if args.padding_only:
+    shutil.rmtree(args.corpus_dir, ignore_errors=True)
+    return
   config = ip.PipelineConfig(args.corpus_dir, task="st", max_frames=args.max_frames,
                              num_buckets=8, seed=1, cmvn="utterance", specaugment=True)
   batcher = ip.Batcher(ip.SplitData(config, "train"), True)

@@ -22,7 +22,6 @@ import sys
 import time
 
 import jax
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.common import Results, lowered_flops, machine, matmul_peak, time_call  # noqa: E402

@@ -22,14 +22,12 @@ import shutil
 import numpy as np
 
 from data_prep import feature_store, index_io, tfds_dataset
-from data_prep.common import cli_errors
+from data_prep.common import atomic, cli_errors
 from data_prep.common.progress import progress_bar
 
 
 def _write_json(path: str, value):
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1, ensure_ascii=False)
-  os.replace(path + ".tmp", path)
+  atomic.write_json(path, value, indent=1, ensure_ascii=False)
 
 
 def _convert_split(prepared: str, tfds_dir: str, split: str, progress: bool) -> list[str]:

@@ -34,6 +34,7 @@ import numpy as np
 
 from data_prep import features as features_lib
 from data_prep import index_io, vocab
+from data_prep.common import atomic
 
 TSV_COLUMNS = ("id", "audio", "n_frames", "tgt_text")   # fairseq's required manifest columns
 TASKS = ("asr", "st")
@@ -349,10 +350,7 @@ def write_index(root: str, out: str, splits: list[str] | None = None,
                             "prepend_tgt_lang_tag": t["prepend_tgt_lang_tag"]}
                      for task, t in transforms.items()},
       "speed_perturb": []}
-  tmp = marker + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(summary, f, indent=1)
-  os.replace(tmp, marker)
+  atomic.write_json(marker, summary, indent=1)
   return summary
 
 

@@ -34,7 +34,6 @@ import collections
 import dataclasses
 import errno
 import json
-import math
 import multiprocessing
 import os
 import signal
@@ -42,7 +41,7 @@ import signal
 import numpy as np
 
 from data_prep import corpora, fairseq_data, feature_store, features, index_io, vocab
-from data_prep.common import cli_errors
+from data_prep.common import atomic, cli_errors
 from data_prep.audio import AudioError, cut_segment, load_audio
 from data_prep.common.progress import progress_bar
 
@@ -59,9 +58,7 @@ DEFAULT_SHARD_FRAMES = 1_000_000
 
 
 def _atomic_json(path: str, value):
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    json.dump(value, f, indent=1, ensure_ascii=False)
-  os.replace(path + ".tmp", path)
+  atomic.write_json(path, value, indent=1, ensure_ascii=False)
 
 
 def _read_json(path: str):

@@ -39,6 +39,7 @@ import subprocess
 import sys
 
 from data_prep.common import cli_errors
+from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import curves
 
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
@@ -179,7 +180,7 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
     times = [r["step_time_s"] for r in train_rows
              if "step_time_s" in r and r["step"] > WARM_UP_UPDATES]
     row[f"{stage}_update_s"] = round(statistics.median(times), 4) if times else ""
-    done = os.path.join(stage_dir, "DONE.json")
+    done = os.path.join(stage_dir, DONE)
     if os.path.exists(done):
       with open(done, encoding="utf-8") as f:
         wall += json.load(f).get("wall_s", 0.0)
@@ -194,7 +195,7 @@ def finished(workdir: str, splits) -> bool:
   split, without `splits`): a rerun of the ablation keeps such a run as it is."""
   for stage in ("asr", "st"):
     stage_dir = os.path.join(workdir, stage)
-    if not os.path.exists(os.path.join(stage_dir, "DONE.json")):
+    if not os.path.exists(os.path.join(stage_dir, DONE)):
       return False
     evaluated = [e[len("eval_"):] for e in (os.listdir(stage_dir)) if e.startswith("eval_") and
                  os.path.exists(os.path.join(stage_dir, e, "results.json"))]
@@ -328,7 +329,7 @@ def run_commands(commands: list[tuple[list[str], str]], jobs: int) -> list[int]:
 def share_stages(stages, source: str, target: str) -> None:
   """Copies each finished stage of run `source` that run `target` does not have yet."""
   for stage in stages:
-    done = os.path.join(source, stage, "DONE.json")
+    done = os.path.join(source, stage, DONE)
     if os.path.exists(done) and not os.path.exists(os.path.join(target, stage)):
       shutil.copytree(os.path.join(source, stage), os.path.join(target, stage))
 
@@ -339,7 +340,7 @@ def windows_config(source: str, workdir: str) -> str:
   out = os.path.join(workdir, "windows")
   path = os.path.join(out, "config.py")
   if not os.path.exists(path):
-    if not os.path.exists(os.path.join(source, "st", "DONE.json")):
+    if not os.path.exists(os.path.join(source, "st", DONE)):
       raise FileNotFoundError(f"windows: run {source} has no finished ST stage to analyse")
     subprocess.run([sys.executable, "-m", "multiformer_jax.analyze", "windows", "--workdir",
                     source, "--stage", "st", "--num_utterances", "400", "--out", out,

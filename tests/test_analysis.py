@@ -39,7 +39,9 @@ def _block_outputs(model, params, features, lengths):
     for layer in m.encoder.layers:
       ln_x = layer.self_attn_layer_norm(x)
       mixing, values, bias = contrib.attention_taps(layer.self_attn, ln_x, mask)
-      out.append((contrib.reconstruct_block_output(mixing, values, bias, x),
+      # Σ_j F_i(x_j) + b_i, which must equal the block's output x + attn(LN x).
+      reconstructed = jnp.einsum("btij,btjd->bid", mixing, values) + x + bias
+      out.append((reconstructed,
                   x + layer.self_attn(ln_x, mask), mixing, values, x))
       x = layer(x, mask)
     return mask, out
@@ -102,7 +104,7 @@ def test_diagonality_of_identity_and_uniform_matrices():
   n = 10
   identity = np.eye(n)
   np.testing.assert_allclose(diag.diagonality_curve(identity), np.ones(2 * n))
-  assert diag.cumulative_contribution_diagonality(identity) == pytest.approx(1.0)
+  assert diag.curve_area(diag.diagonality_curve(identity)) == pytest.approx(1.0)
   uniform = np.ones((n, n))
   curve = diag.diagonality_curve(uniform)
   for w in range(1, 2 * n + 1):
@@ -110,7 +112,7 @@ def test_diagonality_of_identity_and_uniform_matrices():
     assert curve[w - 1] == pytest.approx(inside / n / n)
     assert diag.diagonality(uniform, w) == pytest.approx(inside / n / n)
     assert diag.contribution_loss(uniform, w) == pytest.approx(1 - inside / n / n)
-  assert diag.cumulative_contribution_diagonality(uniform) == pytest.approx(curve.mean())
+  assert diag.curve_area(curve) == pytest.approx(curve.mean())
   # The paper's CCD: the area under D(w) over the discrete w = 1 .. 2N.
   area = sum(sum(1 for i in range(n) for j in range(n) if abs(i - j) <= w // 2) / n / n
              for w in range(1, 2 * n + 1))

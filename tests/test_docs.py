@@ -1,6 +1,7 @@
 """The guide says what is: in README.md and docs/*.md (not the lab notebook, docs/notes/, whose
 commands are history) every relative link and #anchor resolves, and every `python -m ...` shown
-names a module that exists; a `--config=FILE.py` names a config that exists."""
+names a module that exists; a `--config=FILE.py` names a config that exists; every page fits
+the page size."""
 
 import glob
 import os
@@ -85,3 +86,15 @@ def test_the_anchor_rule_is_githubs(tmp_path):
                   "### Joint CTC/attention decoding (`eval.ctc_weight`, `--ctc_weight`)\n")
   assert anchors(str(page)) == {"the-embedded-corpus-voices",
                                 "joint-ctcattention-decoding-evalctc_weight---ctc_weight"}
+
+
+PAGE_LINES = 250
+
+
+@pytest.mark.parametrize("path", GUIDE, ids=_relative)
+def test_every_guide_page_fits_the_page_size(path):
+  """A guide page a reader takes in at once: at most PAGE_LINES lines (detail goes to a page
+  of its own, history to docs/notes/)."""
+  with open(path, encoding="utf-8") as f:
+    lines = sum(1 for _ in f)
+  assert lines <= PAGE_LINES, f"{_relative(path)}: {lines} lines, over {PAGE_LINES}"

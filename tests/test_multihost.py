@@ -1,6 +1,6 @@
 """Two CPU processes training together (jax.distributed, one device each) cannot race: a kill
 and a rerun resume both bit for bit (pmap), a corrupt latest checkpoint is moved aside once
-and both resume from the same step (jit), and data that is missing stops both with the reason
+and both resume from the same step (jit, two micro-batches an update), and data that is missing stops both with the reason
 (none waits for ever)."""
 
 import os
@@ -9,7 +9,6 @@ import subprocess
 
 import jax
 import numpy as np
-import pytest
 
 from multiformer_jax.training import loop
 from tests.test_reliability import _final_state, _free_port, _run, _write_config
@@ -37,10 +36,10 @@ def _assert_same_final_state(workdir_a, workdir_b):
   assert meta_a["iterator"] == meta_b["iterator"] and meta_a["dev_loss"] == meta_b["dev_loss"]
 
 
-def _reference(prepared_dir, folder, parallel):
+def _reference(prepared_dir, folder, parallel, update_freq=1):
   """(config file, workdir) of an uninterrupted two-process run of the tiny ASR stage."""
   config_file = _write_config(folder / f"tiny_{parallel}.py", prepared_dir, UPDATES, EVERY,
-                              parallel)
+                              parallel, update_freq)
   workdir = str(folder / "reference")
   codes, logs = _two_processes(config_file, workdir)
   assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
@@ -61,7 +60,8 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(prepared, tmp_path):
 
 def test_a_corrupt_latest_checkpoint_is_moved_aside_once_and_both_resume_from_the_same_step(
     prepared, tmp_path):
-  config_file, reference = _reference(prepared[1], tmp_path, "jit")
+  # Two micro-batches an update: jit's accumulator, sharded over the processes' devices.
+  config_file, reference = _reference(prepared[1], tmp_path, "jit", update_freq=2)
   workdir = str(tmp_path / "corrupt")
   shutil.copytree(reference, workdir)
   os.remove(os.path.join(workdir, "asr", loop.DONE))          # as if killed after saving 8

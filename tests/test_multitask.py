@@ -15,7 +15,6 @@ from multiformer_jax.analysis import analyze
 from multiformer_jax.evaluation import decode, evaluate
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.training import train
-from multiformer_jax import experiment
 from multiformer_jax.analysis import selection as selection_lib
 from tests.conftest import _good_segments, write_split
 from tests.test_train import tiny_config

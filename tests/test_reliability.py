@@ -37,8 +37,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_UPDATES, EVAL_EVERY = 8, 4
 
 
-def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap"):
-  """A config file for run.py: the tiny ASR stage."""
+def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap", update_freq=1):
+  """A config file for run.py: the tiny ASR stage (`update_freq` micro-batches an update)."""
   cache = os.path.join(os.path.expanduser("~"), ".cache", "multiformer_jax", "jax-tests")
   path.write_text(textwrap.dedent(f"""
       from tests.test_train import tiny_config
@@ -49,6 +49,7 @@ def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap"):
         config.train.stages = ("asr",)
         config.train.log_every = 1
         config.train.parallel = {parallel!r}
+        config.asr.update_freq = {update_freq}
         config.train.compilation_cache = {cache!r}
         return config
       """))

@@ -254,7 +254,7 @@ def devices_flag(count):
 
 
 PMAP_VS_JIT = textwrap.dedent("""
-    import os, sys
+    import os, re, sys
     sys.path.insert(0, os.getcwd())
     import jax, jax.numpy as jnp, numpy as np
     from multiformer_jax.training import optimizer, steps
@@ -279,10 +279,48 @@ PMAP_VS_JIT = textwrap.dedent("""
         lambda a, b: float(np.abs(a - b).max()), results["pmap"], initial))
     print("devices", jax.device_count(), "max diff", max(diffs), "moved", max(moved))
     assert jax.device_count() == 2 and max(diffs) < 1e-6 and max(moved) > 1e-5
+
+    # Updates of two micro-batches of different shapes: each device accumulates its own
+    # gradients (jit: an accumulator sharded over the devices), all-reduced once, in apply.
+    second = {k: v[[1, 2, 3, 1]] for k, v in batch.items()}
+    second["features"] = second["features"][:, :17]
+    second["weights"] = np.array([1, 1, 0, 1], np.float32)
+    accumulated, reduced = {}, {}
+    for mode in ("pmap", "jit"):
+      dp = DataParallel(mode)
+      step, _ = steps.make_steps(model, tx, schedule, dp, 0.1)
+      state = dp.replicate(steps.create_state(model, tx, jax.random.PRNGKey(0)))
+      for _ in range(2):
+        state, _ = step(state, dp.shard(batch), False, True)
+        state, metrics = step(state, dp.shard(second), True, False)
+      accumulated[mode] = dp.unreplicate(state.params)
+      assert dp.scalar(state.step) == 2
+      programs = step.programs([dp.batch_spec({k: (v.shape, v.dtype) for k, v in
+                                                batch.items()})], 2, state.params)
+      texts = {p.name: p.function.lower(state, *specs).compile().as_text()
+               for p, specs in programs}
+      # The all-reduces of each program and the most elements one of them reduces.
+      sizes = {name: [max([1] + [int(np.prod([int(d) for d in dims.split(",") if d]))
+                                 for dims in re.findall(r"\[([\d,]*)\]", line.split("=")[1]
+                                                        .split("all-reduce")[0])])
+                      for line in text.splitlines() if " all-reduce(" in line]
+               for name, text in texts.items()}
+      reduced[mode] = {name: max(s, default=0) for name, s in sizes.items()}
+    print("accumulated", reduced)
+    diffs = jax.tree_util.tree_leaves(jax.tree_util.tree_map(
+        lambda a, b: float(np.abs(a - b).max()), accumulated["pmap"], accumulated["jit"]))
+    assert max(diffs) < 1e-6, max(diffs)
+    biggest = max(np.size(x) for x in jax.tree_util.tree_leaves(accumulated["jit"]))
+    for mode, largest in reduced.items():
+      assert largest["accumulate"] <= 16, (mode, largest)     # scalar sums only, no gradients
+      assert largest["apply"] == biggest, (mode, largest)     # the gradients, once per update
 """)
 
 
 def test_pmap_and_jit_give_the_same_update_on_two_devices():
+  """One micro-batch per update and two: the same parameters under pmap and jit; with two,
+  the gradients are all-reduced only in the update's last program (apply), never per
+  micro-batch."""
   result = subprocess.run([sys.executable, "-c", PMAP_VS_JIT], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           env={**os.environ, "XLA_FLAGS": devices_flag(2)}, timeout=600,
@@ -583,20 +621,29 @@ def test_two_step_training_freezes_all_but_the_named_parameters(prepared, tmp_pa
     train.train_and_evaluate(second, str(tmp_path / "fourth"))
 
 
-def test_every_program_is_compiled_before_the_first_update(prepared, tmp_path, caplog):
-  """An update of two micro-batches: each training batch shape's accumulate, one apply and
-  each dev shape's loss, compiled ahead and counted; no call compiles one on first use."""
+@pytest.mark.parametrize("parallel", ["pmap", "jit"])
+def test_every_program_is_compiled_before_the_first_update(prepared, tmp_path, caplog,
+                                                           parallel):
+  """An update of two micro-batches: each training batch shape's accumulate, one apply (and
+  under jit the accumulator's zeros) and each dev shape's loss, compiled ahead and counted;
+  no call compiles one on first use."""
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir, max_updates=3, eval_every=3, update_freq=2)
   config.train.stages = ("asr",)
+  config.train.parallel = parallel
   config.data.num_buckets = 2
   train_batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"),
                              True)
   dev_batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr", "dev"),
                                         "dev"), False)
-  expected = len(train_batcher.buckets) + 1 + len(dev_batcher.buckets)
-  with caplog.at_level(logging.INFO, logger="multiformer_jax"):
-    train.train_and_evaluate(config, str(tmp_path))
+  expected = len(train_batcher.buckets) + 1 + len(dev_batcher.buckets) + (parallel == "jit")
+  log = logging.getLogger("multiformer_jax")      # it does not propagate (train_log.py)
+  log.addHandler(caplog.handler)
+  try:
+    with caplog.at_level(logging.INFO, logger="multiformer_jax"):
+      train.train_and_evaluate(config, str(tmp_path))
+  finally:
+    log.removeHandler(caplog.handler)
   assert f"compiling {expected} programs before the first update" in caplog.text
   assert f"{expected} programs compiled in" in caplog.text
   assert "not compiled ahead" not in caplog.text

@@ -30,7 +30,7 @@ import os
 
 import numpy as np
 
-from data_prep.common import cli_errors
+from data_prep.common import atomic, cli_errors
 from data_prep.common.progress import progress_bar
 from data_prep.embedded import recorded, text, voices
 from data_prep.embedded.plan import (plan_direction, plan_spoken_text, real_heldout_lines,
@@ -147,9 +147,7 @@ def _yaml_line(entry: dict) -> str:
 
 
 def _atomic_text(path: str, content: str):
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(content)
-  os.replace(path + ".tmp", path)
+  atomic.write_text(path, content)
 
 
 def _spec_json(spec: CorpusSpec) -> str:

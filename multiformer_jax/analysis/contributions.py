@@ -87,11 +87,6 @@ def attention_taps(attn, ln_x, mask):
   return jnp.concatenate(mixing, axis=1), jnp.concatenate(values, axis=1), bias
 
 
-def reconstruct_block_output(mixing, values, bias, x):
-  """Σ_j F_i(x_j) + b_i: [batch, n, d] (equals the attention block's output x + attn(LN x))."""
-  return jnp.einsum("btij,btjd->bid", mixing, values) + x + bias
-
-
 def contribution_matrix(mixing, values, x, mask, residual: bool = True):
   """C_ij = ‖F_i(x_j)‖₂: [batch, n, n], zero at padded rows and columns.
 

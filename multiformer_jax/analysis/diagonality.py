@@ -54,11 +54,6 @@ def diagonality(contributions: np.ndarray, window: int) -> float:
   return curve_at(diagonality_curve(contributions), window)
 
 
-def cumulative_contribution_diagonality(contributions: np.ndarray) -> float:
-  """CCD of one utterance (see curve_area)."""
-  return curve_area(diagonality_curve(contributions))
-
-
 def contribution_loss(contributions: np.ndarray, window: int) -> float:
   """CL(l, w) = 1 - D(w, l): the share of contribution a local(w) layer would lose."""
   return 1.0 - diagonality(contributions, window)

@@ -389,6 +389,14 @@ class Bucket:
   source_tokens: int = 0   # padded source-transcript length of ctc_targets (0 = none)
 
 
+def balanced(count: int, size: int, multiple: int) -> int:
+  """The batch size (a multiple of `multiple`, at most `size`) that puts `count` utterances
+  into as few batches as `size` does, as evenly as they go: the last one is not mostly
+  padding."""
+  batches = max(1, math.ceil(count / size))
+  return min(size, math.ceil(count / batches / multiple) * multiple)
+
+
 class Batcher:
   """The batch plan and the batch assembly for one split."""
 
@@ -434,15 +442,20 @@ class Batcher:
                                    0 if source_lens is None else padded(source_lens[shorter])))
         continue
       # Training: the bucket's utterances split further by target length (the edges that
-      # pad the fewest target tokens, data.num_token_buckets of them), the same batch size.
-      token_edges = bucket_boundaries(token_lens[members], cfg.num_token_buckets, multiple=8)
+      # pad the fewest target tokens, data.num_token_buckets of them). Splits multiply the
+      # partial batches, one per split an epoch; so split buckets balance their batches (all
+      # of a split one size, at most the frames' batch size) and round targets to 4, not 8.
+      splits = cfg.num_token_buckets
+      token_edges = bucket_boundaries(token_lens[members], splits,
+                                      multiple=8 if splits == 1 else 4)
       token_bucket = np.searchsorted(token_edges, token_lens[members])
       for k, tokens in enumerate(token_edges):
         part = members[token_bucket == k]
         if not part.size:
           continue
         self.bucket_of[part] = len(self.buckets)
-        self.buckets.append(Bucket(int(frames), int(tokens), size,
+        self.buckets.append(Bucket(int(frames), int(tokens),
+                                   size if splits == 1 else balanced(len(part), size, multiple),
                                    0 if source_lens is None else padded(source_lens[part])))
     self.task_ids = {f"{stack}_task": key.ids(data) for stack, key in (tasks or {}).items()}
     self.spec_augment = (features_lib.SpecAugment.from_policy(cfg.specaugment_policy)

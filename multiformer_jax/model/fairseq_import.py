@@ -3,10 +3,10 @@
 fairseq's published MuST-C models can then be evaluated and analysed here. The mapping is
 pure numpy; only reading a `.pt` file needs torch (an optional dependency, imported lazily).
 
-Two deliberate differences remain with fairseq's own forward pass, both only for padded
-batches: this subsampler re-zeroes padded frames between its convolutions (fairseq's output
-depends on what an utterance is batched with), and nothing else. For an unpadded utterance the
-encoder outputs and decoder logits equal fairseq's.
+One deliberate difference remains with fairseq's own forward pass, only for padded batches:
+this subsampler re-zeroes padded frames between its convolutions (fairseq's output depends on
+what an utterance is batched with); model.subsampler_masks_padding=False computes fairseq's.
+For an unpadded utterance the encoder outputs and decoder logits equal fairseq's.
 """
 
 from __future__ import annotations

@@ -92,11 +92,6 @@ def layer_head_kinds(layer: LayerLayout) -> tuple[HeadKind, ...]:
   return tuple(g.kind for g in layer for _ in range(g.num_heads))
 
 
-def uniform_layout(kind: str, num_layers: int, num_heads: int) -> str:
-  """`num_layers x (num_heads * kind)`, e.g. the decoder-free baselines."""
-  return f"{num_layers}x({num_heads}*{kind})"
-
-
 # ----------------------------------------------------------------------------- parsing
 
 _TOKEN = re.compile(r"\s*(?:(\d+)|([A-Za-z_]\w*)|(.))")

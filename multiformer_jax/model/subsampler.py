@@ -9,13 +9,6 @@ from multiformer_jax.model.attention.masks import conv_output_lengths, lengths_t
 from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
 
-def subsampled_lengths(lengths, kernels: Sequence[int], strides: Sequence[int]):
-  """Frame counts after the subsampler; floor((L-1)/s)+1 per layer for odd kernels."""
-  for kernel, stride in zip(kernels, strides):
-    lengths = conv_output_lengths(lengths, kernel, stride, kernel // 2)
-  return lengths
-
-
 class Conv1dSubsampler(nn.Module):
   """[batch, frames, in_dim], lengths -> [batch, frames', out_dim], lengths'.
 

@@ -15,6 +15,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from data_prep.common import atomic
+
 from multiformer_jax.runtime import faults, processes
 
 
@@ -245,10 +247,7 @@ def check_writable(workdir: str):
 
 def save_config(workdir: str, config):
   check_writable(workdir)
-  path = os.path.join(workdir, "config.json")
-  with open(path + ".tmp", "w", encoding="utf-8") as f:
-    f.write(config.to_json_best_effort(indent=1))
-  os.replace(path + ".tmp", path)
+  atomic.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
 
 
 def load_config(workdir: str):

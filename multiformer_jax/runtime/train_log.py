@@ -10,6 +10,8 @@ import time
 
 from data_prep.common.progress import progress_bar
 
+DONE = "DONE.json"   # a stage's summary, written when it finishes: its presence marks it done
+
 
 def setup_logging(level=logging.INFO):
   root = logging.getLogger("multiformer_jax")

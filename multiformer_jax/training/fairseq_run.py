@@ -26,7 +26,7 @@ import numpy as np
 
 from configs import default
 from data_prep import fairseq_data, vocab
-from data_prep.common import cli_errors
+from data_prep.common import atomic, cli_errors
 from multiformer_jax.model import S2TModel
 from multiformer_jax.model.fairseq_import import (FairseqImportError, convert_state_dict,
                                                   load_fairseq_checkpoint,
@@ -34,7 +34,8 @@ from multiformer_jax.model.fairseq_import import (FairseqImportError, convert_st
 from multiformer_jax.model.model_config import ModelConfig
 from multiformer_jax.experiment import model_config_for
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.training import loop, optimizer, steps
+from multiformer_jax.runtime.train_log import DONE
+from multiformer_jax.training import optimizer, steps
 
 # fairseq's own MuST-C evaluation (examples/speech_to_text/docs/mustc_example.md): beam 5.
 FAIRSEQ_BEAM = 5
@@ -155,8 +156,7 @@ def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_p
                                  "imported_from": os.path.abspath(checkpoint)})
   done = {"stage": stage, "updates": step, "imported_from": os.path.abspath(checkpoint),
           "best_step": step, "early_stopped": False}
-  with open(os.path.join(out, stage, loop.DONE), "w", encoding="utf-8") as f:
-    json.dump(done, f, indent=1)
+  atomic.write_json(os.path.join(out, stage, DONE), done, indent=1)
   return {"config": config, "step": step, "prepared_dir": prepared_dir,
           "vocab_size": dictionary.size}
 

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
+from data_prep.common import atomic
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference
 from multiformer_jax.experiment import (UpdatePlan, known_task_rows, model_config_for,
@@ -28,7 +29,7 @@ from multiformer_jax.experiment import (UpdatePlan, known_task_rows, model_confi
 from multiformer_jax.model import S2TModel
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import compile_clock, faults, processes
-from multiformer_jax.runtime.train_log import StageLogger
+from multiformer_jax.runtime.train_log import DONE, StageLogger
 from multiformer_jax.training import curves, text_stage, transfer
 from multiformer_jax.training.optimizer import (freezes, make_optimizer, trained_predicate,
                                                 trained_values)
@@ -36,7 +37,6 @@ from multiformer_jax.training.parallel import DataParallel
 from multiformer_jax.training.steps import (TrainState, create_state, evaluate_loss,
                                             make_steps, params_checksum)
 
-DONE = "DONE.json"
 
 
 def loader_workers(config) -> int:
@@ -226,9 +226,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     curve = curves.plot_learning_curve(stage_dir, stage)
     if curve:
       log.info("stage %s: learning curve in %s", stage, curve)
-    with open(done_path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump(summary, f, indent=1)
-    os.replace(done_path + ".tmp", done_path)
+    atomic.write_json(done_path, summary, indent=1)
   return summary
 
 
@@ -239,7 +237,7 @@ def compile_programs(run: StageRun, state: TrainState) -> int:
   batcher = run.iterator.batcher
   wanted = run.train_step.programs(
       [dp.batch_spec(batcher.layout(b)) for b in range(len(batcher.buckets))],
-      run.update.update_freq)
+      run.update.update_freq, state.params)
   wanted += [(run.eval_step, (dp.batch_spec(run.dev_batcher.layout(b)),))
              for b in range(len(run.dev_batcher.buckets))]
   log.info("stage %s: compiling %d programs before the first update (%d batch shapes, an "
@@ -250,7 +248,8 @@ def compile_programs(run: StageRun, state: TrainState) -> int:
     began = time.perf_counter()
     if programs.compile(state, *specs):
       compiled += 1
-    shape = specs[0]["features"].shape[-3:-1] + specs[0]["targets"].shape[-1:] if specs else ()
+    batch = next((spec for spec in specs if "features" in spec), None)
+    shape = batch["features"].shape[-3:-1] + batch["targets"].shape[-1:] if batch else ()
     log.info("compiled %d/%d: %s %s in %.1f s", number, len(wanted), programs.name,
              shape or "(one for every shape)", time.perf_counter() - began)
   log.info("stage %s: %d programs compiled in %.0f s", run.stage, compiled,

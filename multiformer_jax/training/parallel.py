@@ -42,6 +42,19 @@ class DataParallel:
       return jax.lax.psum(tree, AXIS)
     return tree
 
+  def per_device(self, fn):
+    """jit: `fn(replicated, sliced)` run on each device with its slice of `sliced` (the batch),
+    `replicated` whole -> (its first output stacked [devices, ...] and left on its device, its
+    second as `fn` returns it, which must be the same on every device: psum it over AXIS).
+    What pmap does with per-device outputs, for the gradients of an accumulated update."""
+    if self.mode != "jit":
+      raise ValueError("per_device is for train.parallel=jit; under pmap every output is per "
+                       "device already")
+    # check_vma=False: the varying-axis tracking would make a gradient of the replicated
+    # input replicated too, that is all-reduce it here, the very thing this avoids.
+    return jax.shard_map(fn, mesh=self.mesh, in_specs=(PartitionSpec(), PartitionSpec(AXIS)),
+                         out_specs=(PartitionSpec(AXIS), PartitionSpec()), check_vma=False)
+
   def device_index(self):
     """A per-device integer inside a step (0 under jit, whose arrays are global)."""
     return jax.lax.axis_index(AXIS) if self.mode == "pmap" else 0

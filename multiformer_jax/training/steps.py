@@ -19,6 +19,7 @@ from multiformer_jax.evaluation import inference
 from multiformer_jax.evaluation.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, head_selection, init_params
 from multiformer_jax.training.optimizer import as_constants
+from multiformer_jax.training import parallel as parallel_lib
 from multiformer_jax.training.parallel import DataParallel
 
 
@@ -151,28 +152,48 @@ class TrainStep:
 
   An update of one micro-batch is one program per batch shape (`single`: the gradients
   all-reduced once and applied). An update of several is `accumulate` per batch shape (each
-  device adds its micro-batch's gradients into its own `grad_acc`, no all-reduce) and one
+  device adds its micro-batch's gradients into its own accumulator, no all-reduce) and one
   `apply` whatever the shapes (the accumulated gradients all-reduced once, divided by the
-  update's target tokens, clipped and applied; `grad_acc` zeroed). No static flag multiplies
-  the programs: a stage needs its batch shapes' programs plus at most one."""
+  update's target tokens, clipped and applied). Under pmap the accumulator is the state's
+  `grad_acc` (one per device); under jit it is an array [devices, ...] sharded over the
+  devices, made by `zeros` at an update's first micro-batch and passed between the programs
+  (never in a checkpoint: checkpoints are saved between updates). No static flag multiplies the
+  programs: a stage needs its batch shapes' programs plus at most two."""
 
-  def __init__(self, single: Programs, accumulate: Programs, apply: Programs):
+  def __init__(self, single: Programs, accumulate: Programs, apply: Programs,
+               zeros: Programs | None = None, accumulator_spec=None):
     self.single, self.accumulate, self.apply = single, accumulate, apply
+    self.zeros, self.accumulator_spec = zeros, accumulator_spec    # jit only
+    self._accumulator = None
 
-  def programs(self, batch_specs: list, update_freq: int) -> list[tuple[Programs, tuple]]:
+  def programs(self, batch_specs: list, update_freq: int, params=None
+               ) -> list[tuple[Programs, tuple]]:
     """(programs, specs after the state) of every program an update of `update_freq`
-    micro-batches of these shapes runs."""
+    micro-batches of these shapes runs (`params`: the state's, for jit's accumulator)."""
     if update_freq == 1:
       return [(self.single, (spec,)) for spec in batch_specs]
-    return [(self.accumulate, (spec,)) for spec in batch_specs] + [(self.apply, ())]
+    if self.zeros is None:
+      return [(self.accumulate, (spec,)) for spec in batch_specs] + [(self.apply, ())]
+    accumulator = self.accumulator_spec(params)
+    return ([(self.zeros, ())] + [(self.accumulate, (accumulator, spec)) for spec in batch_specs]
+            + [(self.apply, (accumulator,))])
 
   def __call__(self, state, batch, apply_update: bool = True, first_micro: bool = True):
     if apply_update and first_micro:
       return self.single(state, batch)
-    state, sums = self.accumulate(state, batch)
+    if self.zeros is None:
+      state, sums = self.accumulate(state, batch)
+      if not apply_update:
+        return state, sums
+      state, update = self.apply(state)
+      return state, {**sums, **update}
+    if first_micro or self._accumulator is None:
+      self._accumulator = self.zeros(state)
+    state, self._accumulator, sums = self.accumulate(state, self._accumulator, batch)
     if not apply_update:
       return state, sums
-    state, update = self.apply(state)
+    accumulator, self._accumulator = self._accumulator, None
+    state, update = self.apply(state, accumulator)
     return state, {**sums, **update}
 
 
@@ -181,7 +202,7 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
                trained: Callable[[str], bool] | None = None):
   """-> (TrainStep, eval_step: Programs of eval(state, batch)); the loss is make_loss_sums'.
 
-  Between updates `grad_acc` is zero. A non-finite loss or gradient norm skips the update
+  Between updates `grad_acc` is zero (and jit's accumulator gone). A non-finite loss or gradient norm skips the update
   (parameters and optimizer state kept) through `lax.cond`, not a select per leaf: with the
   select XLA recomputes Adam's new moments inside the parameters' update and so reads the
   old moments twice, which costs a copy of every donated parameter, moment and accumulator per
@@ -198,17 +219,32 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     updates, opt_state = tx.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state
 
-  def micro_gradients(state: TrainState, batch):
-    """-> (this device's gradient sums, the micro-batch's sums over every device)."""
-    key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step),
-                             dp.device_index())
-    differentiated = loss_sums if trained is None else (
-        lambda params, *rest: loss_sums(as_constants(params, trained), *rest))
+  differentiated = loss_sums if trained is None else (
+      lambda params, *rest: loss_sums(as_constants(params, trained), *rest))
+
+  def gradients(state: TrainState, batch, device):
+    """-> (gradient sums of `batch`, its loss sums), dropout keyed by the micro-batch and
+    `device`."""
+    key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step), device)
     (loss, aux), grads = jax.value_and_grad(differentiated, has_aux=True)(
         state.params, batch, False, key, state.step)
-    sums = dp.psum({"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
-                    "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))})
-    return grads, sums
+    return grads, {"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
+                   "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))}
+
+  def micro_gradients(state: TrainState, batch):
+    """-> (this device's gradient sums, the micro-batch's sums over every device)."""
+    grads, sums = gradients(state, batch, dp.device_index())
+    return grads, dp.psum(sums)
+
+  def device_gradients(state: TrainState, batch):
+    """jit: -> (every device's gradient sums of its slice, stacked [devices, ...] where they
+    were computed, no all-reduce; the micro-batch's sums over every device). The dropout keys
+    are pmap's."""
+    def per_device(state, batch):
+      grads, sums = gradients(state, batch, jax.lax.axis_index(parallel_lib.AXIS))
+      return (jax.tree_util.tree_map(lambda g: g[None], grads),
+              jax.lax.psum(sums, parallel_lib.AXIS))
+    return dp.per_device(per_device)(state, batch)
 
   def finish_update(state: TrainState, grads, tokens, loss, grad_acc):
     """The update from its gradient sums over every device and its target tokens; skipped
@@ -243,15 +279,44 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     return finish_update(state, dp.psum(state.grad_acc), state.acc_tokens, 0.0,
                          jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc))
 
+  # jit: the accumulator [devices, ...] sharded over the devices, outside the state.
+  devices = jax.device_count()
+
+  def zeros(state: TrainState):
+    return jax.tree_util.tree_map(
+        lambda p: jax.lax.with_sharding_constraint(
+            jnp.zeros((devices,) + p.shape, p.dtype), dp.sharded), state.params)
+
+  def accumulator_spec(params):
+    return jax.tree_util.tree_map(
+        lambda p: jax.ShapeDtypeStruct((devices,) + tuple(p.shape), p.dtype,
+                                       sharding=dp.sharded), params)
+
+  def accumulate_on_devices(state: TrainState, accumulator, batch):
+    grads, sums = device_gradients(state, batch)
+    return (state.replace(micro_step=state.micro_step + 1,
+                          acc_tokens=state.acc_tokens + sums["tokens"]),
+            jax.tree_util.tree_map(jnp.add, accumulator, grads), sums)
+
+  def apply_from_devices(state: TrainState, accumulator):
+    grads = jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), accumulator)  # the all-reduce
+    return finish_update(state, grads, state.acc_tokens, 0.0, state.grad_acc)   # still zero
+
   def eval_step(state: TrainState, batch):
     loss, aux = loss_sums(state.params, batch, True)
     return dp.psum({"loss": loss, **aux})
 
   compile_ = lambda fn, name, donate=(0,): Programs(
       dp.compile(fn, donate_argnums=donate), name, dp.calls_compiled)
-  return (TrainStep(compile_(single, "train step"), compile_(accumulate, "accumulate"),
-                    compile_(apply, "apply")),
-          compile_(eval_step, "dev loss", ()))
+  single_step = compile_(single, "train step")
+  if dp.mode == "jit":
+    train_step = TrainStep(single_step, compile_(accumulate_on_devices, "accumulate", (0, 1)),
+                           compile_(apply_from_devices, "apply"),
+                           compile_(zeros, "zero accumulator", ()), accumulator_spec)
+  else:
+    train_step = TrainStep(single_step, compile_(accumulate, "accumulate"),
+                           compile_(apply, "apply"))
+  return train_step, compile_(eval_step, "dev loss", ())
 
 
 def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from data_prep.common import atomic
 from data_prep.common.token_ids import EOS_ID, PAD_ID
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
@@ -37,11 +38,11 @@ from multiformer_jax.evaluation.metrics import corpus_bleu, label_smoothed_nll
 from multiformer_jax.model.decoder import init_cache
 from multiformer_jax.model.stacked import text_layers_config
 from multiformer_jax.model.text_model import TextToText
+from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training.optimizer import make_optimizer
 
 STAGE = "mt"
 PARAMS = "params.msgpack"
-DONE = "DONE.json"
 DECODE_ROWS = 100            # sentences per beam-search batch (one compiled shape)
 MAX_PAIR_LENGTH = 128        # the widest pair arrays when mt.length is 0 (automatic)
 
@@ -372,6 +373,5 @@ def read_params(workdir: str):
 
 
 def _atomic_write(path: str, data: bytes):
-  with open(path + ".tmp", "wb") as f:
+  with atomic.atomic_open(path, "wb") as f:
     f.write(data)
-  os.replace(path + ".tmp", path)

@@ -34,10 +34,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import os
 import re
 import struct
-from typing import Iterator
 
 import numpy as np
 
@@ -106,7 +104,7 @@ _COMMAND = re.compile(r"\*(XY.{11}|..)", re.S)
 
 def segments(text: str, clip_prefix: str, speaker: str) -> list[Segment]:
   """A line cut at its `*` commands into its clips' segments (see the module)."""
-  pieces, start, index = [], 0, 0
+  pieces, start = [], 0
   for match in _COMMAND.finditer(text):
     pieces.append((text[start:match.start()], match.group(1)[:2]))
     start = match.end()

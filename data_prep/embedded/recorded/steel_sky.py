@@ -23,10 +23,8 @@ audio: its lines are the dev-real and tst-real splits.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import struct
-from typing import Iterator
 
 import numpy as np
 

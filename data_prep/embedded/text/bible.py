@@ -22,7 +22,7 @@ import json
 import os
 import re
 
-from data_prep.common import packages
+from data_prep.common import atomic, packages
 from data_prep.embedded.text import ding
 
 ENGLISH = {"web": ("sword-text-web", "engWEB2015eb"), "kjv": ("sword-text-kjv", "engKJV2006eb")}
@@ -186,9 +186,7 @@ def cached_sentence_pairs(cache_dir: str, english: str = "web", max_words: int =
   path = os.path.join(cache_dir, f"bible-{english}-sparv-verses.json")
   if not os.path.exists(path):
     verses = verse_pairs(fetch_modules(english, cache_dir), english)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-      json.dump(verses, f, ensure_ascii=False)
-    os.replace(path + ".tmp", path)
+    atomic.write_json(path, verses, ensure_ascii=False)
   with open(path, encoding="utf-8") as f:
     verses = json.load(f)
   return filtered_pairs(verses, max_words)

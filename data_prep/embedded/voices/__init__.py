@@ -21,7 +21,7 @@ import wave
 
 import numpy as np
 
-from data_prep.common import packages
+from data_prep.common import atomic, packages
 from data_prep.embedded.voices import espeak, festival, flite, mbrola, rhvoice
 from data_prep.embedded.voices.common import SynthesizerUnavailable, Voice, voice_names
 
@@ -75,11 +75,9 @@ def _resample(samples: np.ndarray, rate: int) -> np.ndarray:
 
 def write_wav(path: str, samples: np.ndarray, rate: int = SAMPLE_RATE):
   """Atomic 16-bit mono wav write (a reader never sees a half-written file)."""
-  tmp = path + ".tmp"
   pcm = np.clip(np.round(samples * 32767.0), -32768, 32767).astype("<i2")
-  with wave.open(tmp, "wb") as f:
+  with atomic.atomic_open(path, "wb") as raw, wave.open(raw, "wb") as f:
     f.setnchannels(1)
     f.setsampwidth(2)
     f.setframerate(rate)
     f.writeframes(pcm.tobytes())
-  os.replace(tmp, path)
