@@ -81,8 +81,8 @@ def scale_by_fairseq_adam(b1: float, b2: float, eps: float) -> optax.GradientTra
   """fairseq's Adam (fairseq/optim/adam.py), before the learning rate: the moments as in
   every Adam, the step sqrt(1 - b2^t) / (1 - b1^t) * m / (sqrt(v) + eps). eps is added to
   the uncorrected sqrt(v); optax's scale_by_adam (and torch.optim.Adam) add it to the
-  corrected one, an eps 1 / sqrt(1 - b2^t) times fairseq's (31x at t = 1 with b2 0.999).
-  The state is optax's ScaleByAdamState."""
+  corrected one, where fairseq's amounts to eps / sqrt(1 - b2^t): 31.6 times theirs at t = 1
+  with b2 0.999, 1.26 times at t = 1000. The state is optax's ScaleByAdamState."""
   def init(params):
     zeros = lambda p: jnp.zeros_like(p, jnp.float32)
     return optax.ScaleByAdamState(count=jnp.zeros([], jnp.int32),
