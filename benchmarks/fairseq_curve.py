@@ -69,6 +69,38 @@ def ours(reference: dict, batches: list, masks_padding: bool) -> dict:
   return rows
 
 
+def plot(per_token: dict, path: str):
+  """Each run's loss per target token, and each of ours' relative difference from fairseq's,
+  one colour per run in both panels."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
+                                    gridspec_kw={"height_ratios": [2, 1]})
+  names = list(per_token)
+  updates = np.arange(1, len(per_token[names[0]]) + 1)
+  for k, (name, style) in enumerate(zip(names, ("-", "--", ":"))):
+    top.plot(updates, per_token[name], style, color=f"C{k}", label=name)
+  top.set_ylabel("training loss per target token")
+  top.legend()
+  for k, name in enumerate(names[1:], start=1):
+    bottom.semilogy(updates, np.abs(per_token[name] - per_token[names[0]]) /
+                    per_token[names[0]] + 1e-9, color=f"C{k}", label=name)
+  bottom.set_ylabel(f"|ours - {names[0]}| / {names[0]}")
+  bottom.set_xlabel("update")
+  bottom.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+
+
+def read_curves(path: str) -> dict:
+  """curve.jsonl -> {run: loss per target token per update}."""
+  with open(path, encoding="utf-8") as f:
+    rows = [json.loads(line) for line in f][1:]
+  names = [k for k in rows[0] if k != "update"]
+  return {name: np.array([r[name]["loss_per_token"] for r in rows]) for name in names}
+
+
 def first_above(a, b, threshold):
   relative = np.abs(a - b) / np.abs(b)
   above = np.nonzero(relative > threshold)[0]
@@ -77,13 +109,19 @@ def first_above(a, b, threshold):
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n", maxsplit=1)[0])
-  parser.add_argument("--prepared", required=True, help="a prepared corpus (the main job's)")
-  parser.add_argument("--fairseq_python", required=True)
+  parser.add_argument("--prepared", help="a prepared corpus (the main job's)")
+  parser.add_argument("--fairseq_python")
   parser.add_argument("--updates", type=int, default=300)
   parser.add_argument("--max_frames", type=int, default=6000)
   parser.add_argument("--work_dir", default="/tmp/fairseq_curve")
   parser.add_argument("--out_dir", default="docs/fairseq")
+  parser.add_argument("--plot_only", action="store_true",
+                      help="redraw curve.png from the curve.jsonl in --out_dir")
   args = parser.parse_args()
+  if args.plot_only:
+    plot(read_curves(os.path.join(args.out_dir, "curve.jsonl")),
+         os.path.join(args.out_dir, "curve.png"))
+    return
   os.makedirs(args.work_dir, exist_ok=True)
   os.makedirs(args.out_dir, exist_ok=True)
   batches_path = os.path.join(args.work_dir, "batches.npz")
@@ -117,24 +155,7 @@ def main():
     print(f"{name} against fairseq: first update with a relative loss difference above "
           + ", ".join(f"{t:g}: {parts[t]}" for t in THRESHOLDS)
           + f"; last loss/token {per_token[name][-1]:.4f} against {per_token['fairseq'][-1]:.4f}")
-  import matplotlib  # pylint: disable=import-outside-toplevel
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-  fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6), sharex=True,
-                                    gridspec_kw={"height_ratios": [2, 1]})
-  updates = np.arange(1, args.updates + 1)
-  for name, style in zip(runs, ("-", "--", ":")):
-    top.plot(updates, per_token[name], style, label=name)
-  top.set_ylabel("training loss per target token")
-  top.legend()
-  for name in list(runs)[1:]:
-    bottom.semilogy(updates, np.abs(per_token[name] - per_token["fairseq"]) /
-                    per_token["fairseq"] + 1e-9, label=name)
-  bottom.set_ylabel("|ours - fairseq| / fairseq")
-  bottom.set_xlabel("update")
-  bottom.legend()
-  fig.tight_layout()
-  fig.savefig(os.path.join(args.out_dir, "curve.png"), dpi=90)
+  plot(per_token, os.path.join(args.out_dir, "curve.png"))
   print(f"wrote {args.out_dir}/curve.jsonl and curve.png")
 
 

@@ -402,30 +402,34 @@ def test_frozen_must_name_a_parameter_and_leave_one_to_train():
 def test_accumulated_micro_batches_give_the_update_of_their_union():
   """update_freq 2 (the first micro-batch, then the last) sums the gradients of one update on
   both halves at once; starting an update with first_micro skips reading the zero accumulator
-  and gives the slow path's update bit for bit."""
+  and gives the slow path's update bit for bit. Under pmap, whose accumulator is the state's
+  grad_acc (jit's lives outside the state: test_pmap_and_jit_give_the_same_update_on_two_devices
+  holds it to pmap's)."""
   from multiformer_jax.training.parallel import DataParallel
   config, model, batch = tiny_update_setup()
   tx, schedule = optimizer.make_optimizer(config.train, config.asr)
-  step, _ = steps.make_steps(model, tx, schedule, DataParallel("jit"), 0.1)
+  dp = DataParallel("pmap")
+  step, _ = steps.make_steps(model, tx, schedule, dp, 0.1)
   initial = steps.create_state(model, tx, jax.random.PRNGKey(0))
   initial_params = jax.device_get(initial.params)
-  initial, _ = step(initial, batch, True, True)        # learning rate 0: moments only
-  start = jax.device_get(initial)
-  fresh = lambda: jax.tree_util.tree_map(jax.numpy.asarray, start)   # the step donates it
+  initial, _ = step(dp.replicate(initial), dp.shard(batch), True, True)   # lr 0: moments only
+  start = dp.unreplicate(initial)
+  fresh = lambda: dp.replicate(start)                  # the step donates the state
+  run = lambda state, b, apply_update, first: step(state, dp.shard(b), apply_update, first)[0]
   halves = [{k: v[rows] for k, v in batch.items()} for rows in (slice(0, 2), slice(2, 4))]
   tokens = lambda b: float(np.sum((b["targets"] != token_ids.PAD_ID) & (b["weights"][:, None] > 0)))
 
-  whole_sums, _ = step(fresh(), batch, False, True)
-  split_sums, _ = step(fresh(), halves[0], False, True)
-  assert float(split_sums.acc_tokens) == tokens(halves[0])
-  split_sums, _ = step(split_sums, halves[1], False, False)
+  whole_sums = dp.unreplicate(run(fresh(), batch, False, True))
+  split_sums = run(fresh(), halves[0], False, True)
+  assert float(dp.unreplicate(split_sums).acc_tokens) == tokens(halves[0])
+  split_sums = dp.unreplicate(run(split_sums, halves[1], False, False))
   assert float(split_sums.acc_tokens) == float(whole_sums.acc_tokens) == tokens(batch)
   jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6),
                          split_sums.grad_acc, whole_sums.grad_acc)
 
-  whole, _ = step(fresh(), batch, True, True)
-  slow, _ = step(fresh(), batch, True, False)          # reads and re-zeroes grad_acc
-  split, _ = step(step(fresh(), halves[0], False, True)[0], halves[1], True, False)
+  whole = dp.unreplicate(run(fresh(), batch, True, True))
+  slow = dp.unreplicate(run(fresh(), batch, True, False))     # reads and re-zeroes grad_acc
+  split = dp.unreplicate(run(run(fresh(), halves[0], False, True), halves[1], True, False))
   for got in (whole, slow, split):
     assert int(got.step) == 2 and float(got.acc_tokens) == 0.0
     jax.tree_util.tree_map(lambda a: np.testing.assert_array_equal(a, 0.0), got.grad_acc)
