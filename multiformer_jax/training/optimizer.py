@@ -1,6 +1,7 @@
 """The optimizer of a stage: fairseq's learning-rate schedules, clip-norm and Adam (each its
-arithmetic, tests/test_fairseq_training.py), and which parameters a stage trains ({stage}.train_only, {stage}.frozen), by their names in the
-parameter tree ('encoder/layers_0/...')."""
+arithmetic, tests/test_fairseq_training.py), and which parameters a stage trains
+({stage}.train_only, {stage}.frozen), by their names in the parameter tree
+('encoder/layers_0/...')."""
 
 from __future__ import annotations
 

@@ -19,8 +19,7 @@ from multiformer_jax.evaluation import inference
 from multiformer_jax.evaluation.metrics import ctc_loss_sum, label_smoothed_nll
 from multiformer_jax.model import S2TModel, head_selection, init_params
 from multiformer_jax.training.optimizer import as_constants
-from multiformer_jax.training import parallel as parallel_lib
-from multiformer_jax.training.parallel import DataParallel
+from multiformer_jax.training.parallel import AXIS, DataParallel
 
 
 @flax.struct.dataclass
@@ -202,8 +201,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
                trained: Callable[[str], bool] | None = None):
   """-> (TrainStep, eval_step: Programs of eval(state, batch)); the loss is make_loss_sums'.
 
-  Between updates `grad_acc` is zero (and jit's accumulator gone). A non-finite loss or gradient norm skips the update
-  (parameters and optimizer state kept) through `lax.cond`, not a select per leaf: with the
+  Between updates `grad_acc` is zero (and jit's accumulator gone). A non-finite loss or
+  gradient norm skips the update (parameters and optimizer state kept) through `lax.cond`,
+  not a select per leaf: with the
   select XLA recomputes Adam's new moments inside the parameters' update and so reads the
   old moments twice, which costs a copy of every donated parameter, moment and accumulator per
   update (on a 2-core CPU the optimizer's part of an s2t_transformer_s update took about twice
@@ -241,9 +241,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
     were computed, no all-reduce; the micro-batch's sums over every device). The dropout keys
     are pmap's."""
     def per_device(state, batch):
-      grads, sums = gradients(state, batch, jax.lax.axis_index(parallel_lib.AXIS))
+      grads, sums = gradients(state, batch, jax.lax.axis_index(AXIS))
       return (jax.tree_util.tree_map(lambda g: g[None], grads),
-              jax.lax.psum(sums, parallel_lib.AXIS))
+              jax.lax.psum(sums, AXIS))
     return dp.per_device(per_device)(state, batch)
 
   def finish_update(state: TrainState, grads, tokens, loss, grad_acc):
