@@ -10,6 +10,7 @@ data-iterator position, so the run continues with exactly the batch it would hav
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -36,7 +37,6 @@ from multiformer_jax.training.optimizer import (freezes, make_optimizer, trained
 from multiformer_jax.training.parallel import DataParallel
 from multiformer_jax.training.steps import (TrainState, create_state, evaluate_loss,
                                             make_steps, params_checksum)
-
 
 
 def loader_workers(config) -> int:
@@ -230,9 +230,18 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   return summary
 
 
+def compile_threads() -> int:
+  """Programs compiled at once before a stage's first update: one per core this process may
+  run on, at most 8 (lowering is Python and runs one at a time; XLA's compilation of each
+  then runs in its own thread)."""
+  cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  return max(1, min(8, cores or 1))
+
+
 def compile_programs(run: StageRun, state: TrainState) -> int:
-  """Compiles every program the stage's updates and dev loss run, before the first update
-  (the persistent cache, train.compilation_cache, serves a rerun); -> how many compiled."""
+  """Compiles every program the stage's updates and dev loss run, before the first update,
+  several at once (compile_threads; the persistent cache, train.compilation_cache, serves a
+  rerun); -> how many compiled."""
   log, dp = run.logger.log, run.dp
   batcher = run.iterator.batcher
   wanted = run.train_step.programs(
@@ -240,18 +249,37 @@ def compile_programs(run: StageRun, state: TrainState) -> int:
       run.update.update_freq, state.params)
   wanted += [(run.eval_step, (dp.batch_spec(run.dev_batcher.layout(b)),))
              for b in range(len(run.dev_batcher.buckets))]
+  threads = compile_threads()
   log.info("stage %s: compiling %d programs before the first update (%d batch shapes, an "
-           "update of %d micro-batch(es), %d dev shapes)", run.stage, len(wanted),
-           len(batcher.buckets), run.update.update_freq, len(run.dev_batcher.buckets))
-  start, compiled = time.perf_counter(), 0
-  for number, (programs, specs) in enumerate(wanted, 1):
-    began = time.perf_counter()
-    if programs.compile(state, *specs):
-      compiled += 1
+           "update of %d micro-batch(es), %d dev shapes), %d at a time", run.stage,
+           len(wanted), len(batcher.buckets), run.update.update_freq,
+           len(run.dev_batcher.buckets), threads)
+  start, compiled, done = time.perf_counter(), 0, 0
+
+  def describe(programs, specs) -> str:
     batch = next((spec for spec in specs if "features" in spec), None)
     shape = batch["features"].shape[-3:-1] + batch["targets"].shape[-1:] if batch else ()
-    log.info("compiled %d/%d: %s %s in %.1f s", number, len(wanted), programs.name,
-             shape or "(one for every shape)", time.perf_counter() - began)
+    return f"{programs.name} {shape or '(one for every shape)'}"
+
+  def compile_one(programs, specs, lowered):
+    began = time.perf_counter()
+    programs.keep(specs, lowered)
+    return time.perf_counter() - began
+
+  with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+    pending = {}
+    for programs, specs in wanted:
+      lowered = programs.lower(state, *specs)
+      if lowered is None:
+        done += 1
+        log.info("compiled %d/%d: %s already", done, len(wanted), describe(programs, specs))
+        continue
+      pending[pool.submit(compile_one, programs, specs, lowered)] = (programs, specs)
+    for future in concurrent.futures.as_completed(pending):
+      seconds = future.result()
+      done, compiled = done + 1, compiled + 1
+      log.info("compiled %d/%d: %s in %.1f s", done, len(wanted),
+               describe(*pending[future]), seconds)
   log.info("stage %s: %d programs compiled in %.0f s", run.stage, compiled,
            time.perf_counter() - start)
   return compiled

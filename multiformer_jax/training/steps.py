@@ -124,13 +124,24 @@ class Programs:
   def key(args) -> tuple:
     return tuple((tuple(x.shape), str(x.dtype)) for x in jax.tree_util.tree_leaves(args))
 
+  def lower(self, state, *specs):
+    """The lowered program for (state, *specs), or None where it is compiled already."""
+    if self.key(specs) in self.compiled:
+      return None
+    return self.function.lower(state, *specs)
+
+  def keep(self, specs, lowered) -> None:
+    """Compiles `lowered` (from `lower(state, *specs)`) and keeps it for calls of that shape.
+    XLA releases the GIL while it compiles, so several can run in threads."""
+    executable = lowered.compile()
+    self.compiled[self.key(specs)] = executable if self.call_compiled else self.function
+
   def compile(self, state, *specs):
     """Compiles for (state, *specs) unless already compiled; -> whether it compiled."""
-    key = self.key(specs)
-    if key in self.compiled:
+    lowered = self.lower(state, *specs)
+    if lowered is None:
       return False
-    executable = self.function.lower(state, *specs).compile()
-    self.compiled[key] = executable if self.call_compiled else self.function
+    self.keep(specs, lowered)
     return True
 
   def __call__(self, state, *args):
