@@ -1,23 +1,18 @@
-"""The default configuration: every key, documented. Experiments override a few of them.
+"""The default configuration: every key, documented once. Experiments override a few of them.
 
-Every experiment file defines `get_config(arg=None)`; `arg` is the text after ':' in
-`--config=configs/file.py:arg`, a comma-separated list of variant flags and key=value pairs,
-e.g. `configs/s2t_v2.py:runlocal` (the tiny CPU variant of the experiment).
+The model's settings and the batching's are defined, with their defaults and meaning, by the
+classes that use them (model.model_config.ModelConfig, data.input_pipeline.PipelineConfig)
+and the embedded corpus's by data_prep.embedded.spec.CorpusSpec: this file reads them there.
+What experiments share beyond these defaults (the `arg` after ':', the tiny CPU variant, a
+paper's batch per update) is configs/common.py.
 """
 
 import ml_collections
 
+from configs import common
 from data_prep.embedded import spec as embedded_spec
-
-# The thesis's Local(64): each token attends to the 64/2 = 32 tokens on each side.
-THESIS_LOCAL = "local(65)"
-# The no-downsampling models (4x longer encoder sequences) keep the loop-based memory options
-# on every backend: the thesis lost batches to out-of-memory on an 11 GB GPU, and with them a
-# 20 000-frame batch compiles to 3.3-3.7 GiB on an H100 in bf16 (11-21 GiB without).
-NODOWN_MEMORY_OPTIONS = {"key_block_size": 512, "ffn_token_chunk": 1024}
-# Their batch (thesis App. B): 5000 frames x update_freq 64 = 320k frames per update.
-NODOWN_BATCH = (5000, 64)
-
+from multiformer_jax.data import input_pipeline
+from multiformer_jax.model import model_config
 
 def get_config(arg=None):
   config = ml_collections.ConfigDict()
@@ -26,61 +21,10 @@ def get_config(arg=None):
   config.reported = ml_collections.ConfigDict({"bleu": -1.0, "wer": -1.0, "source": "",
                                                "averages": ""})
 
-  # --- model: multiformer_jax.model.model_config.ModelConfig's fields (the vocabulary size and
-  # the task counts are set from the prepared data) ------------------------------------------
-  m = config.model = ml_collections.ConfigDict()
-  m.input_dim = 80             # fbank channels
-  m.d_model = 256              # embedding / attention width
-  m.ffn_dim = 2048             # feed-forward hidden width
-  m.encoder_layers = 12
-  m.decoder_layers = 6
-  m.encoder_heads = 4          # heads per encoder layer (the layout's heads must sum to it)
-  m.decoder_heads = 4
-  # Head layout of the encoder, thesis notation (multiformer_jax/model/layout.py):
-  # full | local(w[,d]) | kernel[(m)] | conv[(k,s[,type])], e.g. 12x(2*local(65)+2*conv(5,2)).
-  m.encoder_layout = "12x(4*full)"
-  m.conv_kernels = (5, 5)      # subsampler Conv1d kernels, one per layer
-  m.conv_strides = (2, 2)      # subsampler strides; (1, 1) = no downsampling (thesis App. B)
-  m.conv_channels = 1024       # subsampler hidden channels (before GLU)
-  m.subsampler_masks_padding = True  # zero padded frames before each subsampler conv; False =
-                               # fairseq's, whose output for an utterance depends on its
-                               # batch-mates' padding (to reproduce fairseq's training)
-  m.dropout = 0.1
-  m.attention_dropout = 0.1
-  m.activation_dropout = 0.1
-  m.kernel_redraw = "fixed"    # kernel heads: 'fixed' (from kernel_seed) or 'step' (each step)
-  m.kernel_seed = 0
-  m.local_block_size = 0       # local heads: query block size, 0 = automatic
-  m.key_block_size = -1        # full/conv heads: exact softmax over blocks of this many keys,
-                               # recomputed in the backward (O(n x block) memory); 0 = one
-                               # dense softmax; -1 = by backend: 512 on CPU (faster there too),
-                               # 0 on GPU/TPU (faster there: docs/benchmarks.md)
-  m.ffn_token_chunk = -1       # encoder FFN: computed this many tokens at a time, the hidden
-                               # layer recomputed in the backward (less memory); 0 = one
-                               # unchunked FFN (the faster); -1 = by backend: 0 everywhere now
-  m.attention_implementation = "auto"  # full/conv heads on a GPU in bfloat16: 'auto' = cuDNN's
-                               # fused attention where no attention dropout is active
-                               # (evaluation, attention_dropout=0), our Pallas kernel with the
-                               # dropout inside where it is; our softmax elsewhere; 'xla' =
-                               # always ours; 'cudnn' / 'flash' = that kernel or an error.
-                               # Local and kernel heads on the CPU: C++ kernels
-                               # (docs/kernels.md), unless 'xla'
-  m.qkv_bias = True            # bias in the q/k/v projections (fairseq: yes; thesis code: no)
-  m.dtype = "auto"             # compute dtype: float32 | bfloat16 (params stay float32) |
-                               # auto: bfloat16 on a GPU or TPU, float32 on a CPU
-  m.max_target_positions = 1024
-  # Multilingual / multi-domain (Gong et al. 2022; multiformer_jax/model/head_selection.py). A task is
-  # a value of task_tag in the data: source_lang | target_lang | domain | pair ('' = one task).
-  m.task_tag = ""
-  m.encoder_task_tag = ""      # per stack ('' = task_tag): the paper keys encoder heads by
-  m.decoder_task_tag = ""      # source_lang and decoder heads by target_lang
-  m.encoder_candidates = 0     # H' candidate heads per encoder layer, encoder_heads of them used;
-                               # the encoder layout then lists the H' candidates (any kinds)
-  m.decoder_candidates = 0     # H' candidates in decoder self-attention (0 = no selection)
-  m.selection_strategy = "group"        # subset | group
-  m.selection_temperature = 5.0         # Gumbel-sigmoid temperature (train.selection_* anneal)
-  m.selection_inference = "deterministic"  # or 'noisy': the reference's sampling at inference
-  m.adapter_dim = 0            # per-task adapters after every layer (the paper's baseline)
+  # --- model: every field of multiformer_jax.model.model_config.ModelConfig that a config
+  # sets, with its default and meaning there (the vocabulary size and the task counts are set
+  # from the prepared data)
+  config.model = ml_collections.ConfigDict(model_config.config_defaults())
 
   # --- data: data_prep/prepare.py output, and how to batch it -----------------------------
   d = config.data = ml_collections.ConfigDict()
@@ -94,7 +38,6 @@ def get_config(arg=None):
   # The embedded corpus (data.corpus="embedded"): every field of data_prep.embedded.spec.
   # CorpusSpec, documented there (the same settings as `python -m data_prep.embedded --help`).
   d.embedded = ml_collections.ConfigDict(embedded_spec.config_defaults())
-  d.target_lang_tag = False    # ST targets start with <lang:xx> (one-to-many; forced at decoding)
   d.asr_vocab = 5000           # SentencePiece pieces (fairseq MuST-C recipe)
   d.st_vocab = 8000
   d.train_split = "train"
@@ -106,26 +49,17 @@ def get_config(arg=None):
                                # (e.g. "queen,uqm": the embedded corpus's recorded speech)
   d.extra_test_splits = ""     # comma-separated: also prepared, and evaluated after training
                                # beside test_split (e.g. the embedded tst-unseen-synth)
-  d.max_frames = 40000         # padded source frames per batch: per global batch, x
-                               # {stage}.update_freq per update; with frames_per_update set,
-                               # per device (fairseq's --max-tokens)
+  # How batches are made: every setting of data.input_pipeline.PipelineConfig (max_frames,
+  # num_buckets, num_token_buckets, max_source_frames, cmvn, specaugment, specaugment_policy,
+  # seed, target_lang_tag), with its default and meaning there.
+  d.update(input_pipeline.config_defaults())
   d.frames_per_update = 0      # padded source frames per update, the recipe's (the thesis:
                                # 320000) whatever the device count: micro-batches per update
                                # = this / (max_frames x devices), {stage}.update_freq = 0;
                                # 0 = {stage}.update_freq batches of max_frames
-  d.num_buckets = 8            # source-length buckets: distinct batch shapes per split
-  d.num_token_buckets = 1      # training: each source bucket split by target length into this
-                               # many (fewer padded target tokens, more compiled shapes; 6:
-                               # 13 % padded on MuST-C-like lengths, docs/benchmarks.md)
-  d.max_source_frames = 3000
-  d.cmvn = "utterance"         # utterance | global | none
-  d.specaugment = True         # training split only
-  d.specaugment_policy = "lb"  # lb | ld | sm | ss (the SpecAugment paper's, fairseq's names),
-                               # then optional overrides: "sm,time_mask_p=0.1"
   d.loader_workers = -1        # background processes assembling training batches; 0 = in the
                                # training loop; -1 = by backend: 0 on CPU (they would take the
                                # step's cores), every core but one with an accelerator
-  d.seed = 1
 
   # --- training: shared by both stages ----------------------------------------------------
   t = config.train = ml_collections.ConfigDict()
@@ -214,7 +148,7 @@ def get_config(arg=None):
   e.score_dev = False          # training also decodes the dev split at every evaluation and
                                # logs its WER (ASR) or BLEU (ST): learning curves in task terms
   e.score_dev_beam = 1         # beam of that decode (the search is otherwise eval.*'s)
-  return apply_arg(config, arg)
+  return common.apply_arg(config, arg)
 
 
 def stage_config(lr):
@@ -250,102 +184,3 @@ def stage_config(lr):
                                # "encoder/subsample", the conv subsampler); their gradients
                                # are not computed. '' = none
   return s
-
-
-def runlocal(config):
-  """Shrinks an experiment to a CPU-sized model with the same head-layout structure, one
-  batch per update."""
-  m = config.model
-  m.d_model, m.ffn_dim, m.conv_channels = 64, 128, 128
-  m.decoder_layers = 2
-  config.data.frames_per_update = 0
-  for stage in ("asr", "st"):
-    config[stage].update_freq = 1
-  return config
-
-
-def batch_per_update(config, max_frames: int, update_freq: int):
-  """A paper's batch: `max_frames` x `update_freq` padded source frames per update in both
-  stages, whatever the device count: `max_frames` per device and micro-batch (what the
-  paper's GPU held), the micro-batches per update derived (update_freq on one device)."""
-  config.data.max_frames = max_frames
-  config.data.frames_per_update = max_frames * update_freq
-  for stage in ("asr", "st"):
-    config[stage].update_freq = 0
-  return config
-
-
-VARIANTS = {"runlocal": runlocal}
-
-
-def apply_arg(config, arg, variants=None):
-  """Applies `arg` ('runlocal', 'model.dropout=0.3', ... comma-separated) to `config`;
-  `variants` adds an experiment's own named variants to the shared ones."""
-  known = {**VARIANTS, **(variants or {})}
-  for item in filter(None, (arg or "").split(",")):
-    item = item.strip()
-    if "=" in item:
-      key, value = item.split("=", 1)
-      node = config
-      *path, leaf = key.strip().split(".")
-      for part in path:
-        node = node[part]
-      node[leaf] = _parse_value(node[leaf], value.strip(), key)
-    elif item in known:
-      config = known[item](config)
-    else:
-      raise ValueError(f"unknown config variant {item!r}; valid: {sorted(known)} or "
-                       f"key=value")
-  return config
-
-
-def _parse_value(current, text, key):
-  """`text` converted to the type of the current value (tuples written as 5:5)."""
-  if isinstance(current, bool):
-    if text.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(f"config {key}={text!r}: expected true or false")
-    return text.lower() in ("true", "1")
-  if isinstance(current, (tuple, list)):
-    return tuple(int(v) for v in text.split(":"))
-  try:
-    return type(current)(text)
-  except ValueError:
-    raise ValueError(f"config {key}={text!r}: expected a {type(current).__name__} like "
-                     f"{current!r}") from None
-
-
-def multiformer(name, layout, reported_bleu, reported_wer=-1.0, arg=None, **model):
-  """A thesis architecture (Sant 2022, Table 1): s2t_transformer_s with a Multiformer encoder.
-
-  The thesis code has no bias in the q/k/v projection; everything else is s2t_transformer_s,
-  trained with the thesis's 20000 frames x update_freq 16 = 320k frames per update (§5.2).
-  """
-  config = get_config()
-  batch_per_update(config, 20000, 16)
-  config.name = name
-  config.model.encoder_layout = layout
-  config.model.qkv_bias = False
-  config.model.update(model)
-  config.reported.bleu = reported_bleu
-  config.reported.wer = reported_wer
-  config.reported.source = ("Sant 2022 (Multiformer thesis), MuST-C En-De tst-COMMON: BLEU "
-                            "Table 2, ASR WER App. A Table 3")
-  # The thesis initialises the ST encoder from the best ASR checkpoint (§5.3) and evaluates the
-  # average of the 7 checkpoints around the best (its README).
-  config.st.encoder_init = "best"
-  config.eval.checkpoint, config.eval.average_around_best = "around_best", 7
-  return apply_arg(config, arg)
-
-
-def locality(pair: str, windows, reported_bleu: float, arg=None):
-  """The efficient model of Alastruey et al. 2022: full attention in encoder layers 1-3,
-  local attention with the per-layer windows of Algorithm 1 in layers 4-12; fairseq's batch,
-  40000 frames x update_freq 8 (App. C)."""
-  config = get_config()
-  batch_per_update(config, 40000, 8)
-  config.name = f"locality_{pair.replace('-', '_')}"
-  config.model.encoder_layout = "3x(4*full) " + " ".join(f"1x(4*local({w}))" for w in windows)
-  config.reported.bleu = reported_bleu
-  config.reported.source = f"Alastruey et al. 2022, MuST-C {pair} tst-COMMON (mean of 5 seeds)"
-  return apply_arg(config, arg)
-

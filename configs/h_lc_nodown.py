@@ -1,4 +1,5 @@
-"""`s2t_multiformer_s_h_lc (no downsampling)` (Sant 2022, Appendix B): the conv subsampler keeps its two
+"""`s2t_multiformer_s_h_lc (no downsampling)` (Sant 2022, Appendix B): the conv subsampler keeps its
+two
 convolutions but with stride 1, so the encoder sees every 10 ms frame (4x longer sequences).
 
 Layout: 12x(2*local(65)+2*conv(5,2))
@@ -11,13 +12,15 @@ Reported (MuST-C En-De tst-COMMON, App. B Table 5): BLEU 21.78; ASR WER 14.0.
 Run:  python run.py --config=configs/h_lc_nodown.py --workdir=runs/h_lc_nodown
 """
 
-from configs import default
+from configs import common, multiformer_h_lc
 
 
 def get_config(arg=None):
-  config = default.multiformer("s2t_multiformer_s_h_lc (no downsampling)", "12x(2*local(65)+2*conv(5,2))", reported_bleu=21.78, reported_wer=14.0,
-                             conv_strides=(1, 1),
-                             **default.NODOWN_MEMORY_OPTIONS)
+  """configs/multiformer_h_lc.py's experiment without downsampling (common.no_downsampling)."""
+  config = multiformer_h_lc.get_config()
+  config.name = "s2t_multiformer_s_h_lc (no downsampling)"
+  common.no_downsampling(config)
+  config.reported.bleu, config.reported.wer = 21.78, 14.0
   config.reported.source = ("Sant 2022 (Multiformer thesis), App. B Table 5, MuST-C En-De "
                             "tst-COMMON")
-  return default.apply_arg(default.batch_per_update(config, *default.NODOWN_BATCH), arg)
+  return common.apply_arg(config, arg)

@@ -10,7 +10,7 @@ logits learn 25x faster than the model (train.selection_lr_multiplier), or the 4
 CPU run would leave the random initial selection in place.
 
 Variants: `:baseline` (4 shared heads of the same kinds, no selection), `:adapters`
-(the baseline plus per-task adapters), `:group`, and those of default.py.
+(the baseline plus per-task adapters), `:group`, and those of common.py.
 
 Run:  python run.py --config=configs/head_selection_embedded.py --workdir=runs/hs_embedded
       python run.py --config=configs/head_selection_embedded.py:baseline \
@@ -18,7 +18,7 @@ Run:  python run.py --config=configs/head_selection_embedded.py --workdir=runs/h
 then  python -m multiformer_jax.analyze selection --workdir runs/hs_embedded --out ...
 """
 
-from configs import default, quickstart
+from configs import common, quickstart
 
 CANDIDATES = "6x(2*full+2*local(65)+2*conv(5,2)+2*kernel(64))"
 
@@ -76,5 +76,5 @@ def get_config(arg=None):
   # (measured: 0% of the selected heads changed). The logits get 25x the learning rate here.
   config.train.selection_lr_multiplier = 25.0
   config.reported.source = "no published number (embedded corpus)"
-  return default.apply_arg(config, arg, {"baseline": baseline, "adapters": adapters,
+  return common.apply_arg(config, arg, {"baseline": baseline, "adapters": adapters,
                                          "group": group})

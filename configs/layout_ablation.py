@@ -21,7 +21,7 @@ configs/layout_ablation.py:kernel,configs/layout_ablation.py:conv,configs/layout
 'windows(full)' --share_stages mt --splits tst-COMMON,tst-real,tst-unseen-synth
 """
 
-from configs import default, quickstart
+from configs import common, quickstart
 
 UPDATES = {"asr": 3500, "st": 1400}
 LAYOUTS = {
@@ -51,7 +51,7 @@ def get_config(arg=None):
     config[stage].eval_every = updates      # one evaluation (and dev decode) at the end
   config.data.extra_test_splits = "tst-unseen-synth,tst-real"
   config.eval.beam = 5
-  return default.apply_arg(config, arg, {name: _layout(name) for name in LAYOUTS})
+  return common.apply_arg(config, arg, {name: _layout(name) for name in LAYOUTS})
 
 
 def _layout(name):

@@ -8,12 +8,19 @@ Local(64) attends to 32 tokens on each side, i.e. local(65).)
 Reported (MuST-C En-De tst-COMMON): BLEU 22.36; ASR WER 13.58 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_conv_5_2.py --workdir=runs/multiformer_conv_5_2
-Tiny: python run.py --config=configs/multiformer_conv_5_2.py:runlocal --workdir=runs/multiformer_conv_5_2_tiny
+Tiny: python run.py --config=configs/multiformer_conv_5_2.py:runlocal
+      --workdir=runs/multiformer_conv_5_2_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "12x(4*conv(5,2))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_conv_5_2", "12x(4*conv(5,2))", reported_bleu=22.36, reported_wer=13.58,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_conv_5_2"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.36, 13.58
+  return common.apply_arg(config, arg)

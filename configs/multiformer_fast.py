@@ -6,17 +6,24 @@ Layout:  12x(4*kernel(266))
 Local(64) attends to 32 tokens on each side, i.e. local(65).)
 
 Fast = Performer FAVOR+; the thesis code used performer-pytorch's default int(64 ln 64) = 266
-features, drawn once (kernel_redraw='fixed').
+features, drawn once (kernel_redraw="fixed").
 
 Reported (MuST-C En-De tst-COMMON): BLEU 20.28; ASR WER 16.16 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_fast.py --workdir=runs/multiformer_fast
-Tiny: python run.py --config=configs/multiformer_fast.py:runlocal --workdir=runs/multiformer_fast_tiny
+Tiny: python run.py --config=configs/multiformer_fast.py:runlocal
+      --workdir=runs/multiformer_fast_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "12x(4*kernel(266))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_fast", "12x(4*kernel(266))", reported_bleu=20.28, reported_wer=16.16,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_fast"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 20.28, 16.16
+  return common.apply_arg(config, arg)

@@ -8,12 +8,19 @@ Local(64) attends to 32 tokens on each side, i.e. local(65).)
 Reported (MuST-C En-De tst-COMMON): BLEU 22.2; ASR WER 13.47 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_full.py --workdir=runs/multiformer_full
-Tiny: python run.py --config=configs/multiformer_full.py:runlocal --workdir=runs/multiformer_full_tiny
+Tiny: python run.py --config=configs/multiformer_full.py:runlocal
+      --workdir=runs/multiformer_full_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "12x(4*full)"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_full", "12x(4*full)", reported_bleu=22.2, reported_wer=13.47,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_full"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.2, 13.47
+  return common.apply_arg(config, arg)

@@ -8,12 +8,19 @@ Local(64) attends to 32 tokens on each side, i.e. local(65).)
 Reported (MuST-C En-De tst-COMMON): BLEU 22.52; ASR WER 13.45 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_h_lc.py --workdir=runs/multiformer_h_lc
-Tiny: python run.py --config=configs/multiformer_h_lc.py:runlocal --workdir=runs/multiformer_h_lc_tiny
+Tiny: python run.py --config=configs/multiformer_h_lc.py:runlocal
+      --workdir=runs/multiformer_h_lc_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "12x(2*local(65)+2*conv(5,2))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_h_lc", "12x(2*local(65)+2*conv(5,2))", reported_bleu=22.52, reported_wer=13.45,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_h_lc"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.52, 13.45
+  return common.apply_arg(config, arg)

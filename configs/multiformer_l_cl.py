@@ -8,12 +8,19 @@ Local(64) attends to 32 tokens on each side, i.e. local(65).)
 Reported (MuST-C En-De tst-COMMON): BLEU 22.36; ASR WER 13.40 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_l_cl.py --workdir=runs/multiformer_l_cl
-Tiny: python run.py --config=configs/multiformer_l_cl.py:runlocal --workdir=runs/multiformer_l_cl_tiny
+Tiny: python run.py --config=configs/multiformer_l_cl.py:runlocal
+      --workdir=runs/multiformer_l_cl_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "6x(4*conv(5,2)) 6x(4*local(65))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_l_cl", "6x(4*conv(5,2)) 6x(4*local(65))", reported_bleu=22.36, reported_wer=13.4,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_l_cl"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.36, 13.4
+  return common.apply_arg(config, arg)

@@ -8,12 +8,19 @@ Local(64) attends to 32 tokens on each side, i.e. local(65).)
 Reported (MuST-C En-De tst-COMMON): BLEU 21.55; ASR WER 13.92 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_l_lc.py --workdir=runs/multiformer_l_lc
-Tiny: python run.py --config=configs/multiformer_l_lc.py:runlocal --workdir=runs/multiformer_l_lc_tiny
+Tiny: python run.py --config=configs/multiformer_l_lc.py:runlocal
+      --workdir=runs/multiformer_l_lc_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "6x(4*local(65)) 6x(4*conv(5,2))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_l_lc", "6x(4*local(65)) 6x(4*conv(5,2))", reported_bleu=21.55, reported_wer=13.92,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_l_lc"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 21.55, 13.92
+  return common.apply_arg(config, arg)

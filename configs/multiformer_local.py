@@ -8,12 +8,19 @@ Local(64) attends to 32 tokens on each side, i.e. local(65).)
 Reported (MuST-C En-De tst-COMMON): BLEU 22.0; ASR WER 14.00 (App. A, Table 3).
 
 Run:  python run.py --config=configs/multiformer_local.py --workdir=runs/multiformer_local
-Tiny: python run.py --config=configs/multiformer_local.py:runlocal --workdir=runs/multiformer_local_tiny
+Tiny: python run.py --config=configs/multiformer_local.py:runlocal
+      --workdir=runs/multiformer_local_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "12x(4*local(65))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_local", "12x(4*local(65))", reported_bleu=22.0, reported_wer=14.0,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_local"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.0, 14.0
+  return common.apply_arg(config, arg)

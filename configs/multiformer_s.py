@@ -11,9 +11,15 @@ Run:  python run.py --config=configs/multiformer_s.py --workdir=runs/multiformer
 Tiny: python run.py --config=configs/multiformer_s.py:runlocal --workdir=runs/multiformer_s_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "2x(4*conv(5,2)) 6x(2*local(65)+2*conv(5,2)) 4x(2*full+2*conv(7,3))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s", "2x(4*conv(5,2)) 6x(2*local(65)+2*conv(5,2)) 4x(2*full+2*conv(7,3))", reported_bleu=22.42, reported_wer=13.6,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.42, 13.6
+  return common.apply_arg(config, arg)

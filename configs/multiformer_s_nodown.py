@@ -11,13 +11,15 @@ Reported (MuST-C En-De tst-COMMON, App. B Table 5): BLEU 22.15; ASR WER 13.83.
 Run:  python run.py --config=configs/multiformer_s_nodown.py --workdir=runs/multiformer_s_nodown
 """
 
-from configs import default
+from configs import common, multiformer_s
 
 
 def get_config(arg=None):
-  config = default.multiformer("s2t_multiformer_s (no downsampling)", "2x(4*conv(5,2)) 6x(2*local(65)+2*conv(5,2)) 4x(2*full+2*conv(7,3))", reported_bleu=22.15, reported_wer=13.83,
-                             conv_strides=(1, 1),
-                             **default.NODOWN_MEMORY_OPTIONS)
+  """configs/multiformer_s.py's experiment without downsampling (common.no_downsampling)."""
+  config = multiformer_s.get_config()
+  config.name = "s2t_multiformer_s (no downsampling)"
+  common.no_downsampling(config)
+  config.reported.bleu, config.reported.wer = 22.15, 13.83
   config.reported.source = ("Sant 2022 (Multiformer thesis), App. B Table 5, MuST-C En-De "
                             "tst-COMMON")
-  return default.apply_arg(default.batch_per_update(config, *default.NODOWN_BATCH), arg)
+  return common.apply_arg(config, arg)

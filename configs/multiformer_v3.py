@@ -11,9 +11,15 @@ Run:  python run.py --config=configs/multiformer_v3.py --workdir=runs/multiforme
 Tiny: python run.py --config=configs/multiformer_v3.py:runlocal --workdir=runs/multiformer_v3_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "6x(1*local(65)+3*conv(5,2)) 6x(3*local(65)+1*conv(5,2))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_v3", "6x(1*local(65)+3*conv(5,2)) 6x(3*local(65)+1*conv(5,2))", reported_bleu=22.41, reported_wer=13.46,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_v3"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.41, 13.46
+  return common.apply_arg(config, arg)

@@ -11,9 +11,15 @@ Run:  python run.py --config=configs/multiformer_v5.py --workdir=runs/multiforme
 Tiny: python run.py --config=configs/multiformer_v5.py:runlocal --workdir=runs/multiformer_v5_tiny
 """
 
-from configs import default
+from configs import common, s2t_v2
+
+LAYOUT = "4x(4*conv(5,2)) 3x(1*local(65)+3*conv(5,2)) 5x(2*local(65)+2*conv(5,2))"
 
 
 def get_config(arg=None):
-  return default.multiformer("s2t_multiformer_s_v5", "4x(4*conv(5,2)) 3x(1*local(65)+3*conv(5,2)) 5x(2*local(65)+2*conv(5,2))", reported_bleu=22.6, reported_wer=13.54,
-                             arg=arg)
+  """The thesis's experiment (configs/s2t_v2.py) with this encoder layout."""
+  config = s2t_v2.get_config()
+  config.name = "s2t_multiformer_s_v5"
+  config.model.encoder_layout = LAYOUT
+  config.reported.bleu, config.reported.wer = 22.6, 13.54
+  return common.apply_arg(config, arg)

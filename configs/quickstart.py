@@ -23,7 +23,7 @@ Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
       python run.py --config=configs/quickstart.py:ding,long --workdir=runs/quickstart_ding_long
 """
 
-from configs import default
+from configs import common, default
 
 UPDATES = {"asr": 11000, "st": 4300}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
@@ -52,7 +52,8 @@ def get_config(arg=None):
   e.other_synthesizer_share = 0.5            # flite speaks half of the training utterances
   e.train_speakers_per_sentence = 1
   e.max_heldout = 300                        # dev and tst-COMMON: 300 verses each
-  e.recorded_train, e.uqm_share = "uqm", 0.2  # + a fifth of The Ur-Quan Masters' 27 races (ASR, 2.2 h)
+  e.recorded_train, e.uqm_share = "uqm", 0.2  # + a fifth of The Ur-Quan Masters' 27 races
+                                             # (ASR, 2.2 h)
   e.spoken_dialogue = "queen,sky"            # + both games' dialogue read by the training voices
                                              # (ASR; sky: its lines no real split holds)
   e.real_test, e.real_heldout = "sky", 300   # dev-real, tst-real: Beneath a Steel Sky's cast
@@ -97,7 +98,7 @@ def get_config(arg=None):
   ev.lm_weight, ev.lm_stages = 0.3, ("asr",)   # the ASR 20-best rescored by a word trigram LM
   ev.rate_norm_target, ev.rate_norm_stages = 0.5, ("asr",)   # fast speakers stretched (ASR)
   ev.no_repeat_ngram_size, ev.no_repeat_ngram_stages = 4, ("st",)   # no loops of pieces (ST)
-  return default.apply_arg(config, arg, {"long": long, "ding": ding})
+  return common.apply_arg(config, arg, {"long": long, "ding": ding})
 
 
 def long(config):

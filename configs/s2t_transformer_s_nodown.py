@@ -1,23 +1,21 @@
-"""`s2t_transformer_s` without downsampling (Sant 2022, Appendix B): the full-attention baseline
-of h_lc_nodown and multiformer_s_nodown. The conv subsampler keeps its two convolutions with
-stride 1, so the encoder attends over every 10 ms frame (4x longer sequences, 16x the
-attention matrix). Batch: 5000 frames x update_freq 64 (thesis App. B).
+"""`s2t_transformer_s` without downsampling (Sant 2022, Appendix B): the baseline of h_lc_nodown
+and multiformer_s_nodown. The conv subsampler keeps its two convolutions with stride 1, so the
+encoder attends over every 10 ms frame (4x longer sequences, 16x the attention matrix).
+Batch: 5000 frames x update_freq 64 (thesis App. B).
 
-Reported (MuST-C En-De tst-COMMON, the thesis's run): ASR WER 13.76, BLEU 22.31.
-
-Run:  python run.py --config=configs/s2t_transformer_s_nodown.py --workdir=runs/s2t_transformer_s_nodown
+Run:   python run.py --config=configs/s2t_transformer_s_nodown.py \
+           --workdir=runs/s2t_transformer_s_nodown --config.data.root=/data/MUSTC_v1.0
+Expected (MuST-C En-De tst-COMMON, the thesis's run): ASR WER 13.76, BLEU 22.31.
 """
 
-from configs import default
+from configs import common, s2t_transformer_s
 
 
 def get_config(arg=None):
-  config = default.get_config()
+  """configs/s2t_transformer_s.py's experiment without downsampling (common.no_downsampling)."""
+  config = s2t_transformer_s.get_config()
   config.name = "s2t_transformer_s (no downsampling)"
-  config.model.conv_strides = (1, 1)
-  config.model.update(default.NODOWN_MEMORY_OPTIONS)
-  default.batch_per_update(config, *default.NODOWN_BATCH)
-  config.reported.bleu = 22.31
-  config.reported.wer = 13.76
+  common.no_downsampling(config)
+  config.reported.bleu, config.reported.wer = 22.31, 13.76
   config.reported.source = "Sant 2022, Appendix B, MuST-C En-De tst-COMMON"
-  return default.apply_arg(config, arg)
+  return common.apply_arg(config, arg)

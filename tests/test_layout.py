@@ -11,7 +11,7 @@ from multiformer_jax.experiment import UpdatePlan, update_plan
 from multiformer_jax.model.layout import ConvHeads, FullHeads, HeadGroup, KernelHeads, LocalHeads
 
 CONFIG_FILES = sorted(os.path.basename(f)[:-3] for f in glob.glob("configs/*.py")
-                      if not f.endswith("__init__.py"))
+                      if not f.endswith(("__init__.py", "common.py")))   # common: helpers
 
 
 def test_parses_thesis_notation():
@@ -123,6 +123,35 @@ def test_paper_configs_train_with_the_papers_batch_per_update(name):
   tiny = module.get_config("runlocal")             # the CPU variant: one batch per update
   assert tiny.asr.update_freq == tiny.st.update_freq == 1
   assert update_plan(tiny, "asr", devices=4).update_freq == 1
+
+
+def test_default_py_reads_the_model_and_pipeline_settings_where_they_are_defined():
+  """configs/default.py neither repeats nor contradicts ModelConfig's and PipelineConfig's
+  defaults: its model section is ModelConfig's settings, its data section holds
+  PipelineConfig's settings with their defaults, and no other key of either."""
+  from configs import default  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.data import input_pipeline as ip  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.model import model_config  # pylint: disable=import-outside-toplevel
+  config = default.get_config()
+  assert config.model.to_dict() == model_config.config_defaults()
+  assert ModelConfig.from_dict(config.model) == ModelConfig()
+  pipeline = ip.config_defaults()
+  assert {k: config.data[k] for k in pipeline} == pipeline
+  assert set(pipeline) >= {"seed", "num_buckets", "cmvn", "specaugment"}
+
+
+@pytest.mark.parametrize("pair", ["en-de", "en-es", "en-it"])
+def test_each_locality_config_trains_on_its_own_pair(pair):
+  config = importlib.import_module(f"configs.locality_{pair.replace('-', '_')}").get_config()
+  assert config.data.pairs == pair and config.data.prepared_dir.endswith(pair.replace("-", "_"))
+  assert config.model.encoder_layout.startswith("3x(4*full) 1x(4*local(5))")
+
+
+def test_configs_fit_the_projects_width():
+  for path in glob.glob("configs/*.py"):
+    with open(path, encoding="utf-8") as f:
+      long = [n for n, line in enumerate(f, 1) if len(line.rstrip("\n")) > 100]
+    assert not long, f"{path}: lines {long} are over 100 characters"
 
 
 def test_an_update_that_does_not_divide_into_micro_batches_is_refused():

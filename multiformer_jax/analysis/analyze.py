@@ -249,7 +249,7 @@ import json
 
 import ml_collections
 
-from configs import default
+from configs import common
 
 ANALYSED_CONFIG = json.loads({json.dumps(json.dumps(config, indent=1))})
 ENCODER_LAYOUT = {layout!r}
@@ -260,7 +260,7 @@ def get_config(arg=None):
   config.name = {name!r}
   config.model.encoder_layout = ENCODER_LAYOUT
   config.reported = ml_collections.ConfigDict({{"bleu": -1.0, "wer": -1.0, "source": ""}})
-  return default.apply_arg(config, arg)
+  return common.apply_arg(config, arg)
 '''
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:

@@ -1,4 +1,4 @@
-"""Prepared TFDS data -> padded batches bounded by frames, in a few static shapes, with masks.
+"""Prepared data -> padded batches bounded by frames, in a few static shapes, with masks.
 
 Batching follows fairseq (batches bounded by padded source frames, built over length-sorted
 indices) with what XLA needs: utterances fall into a small fixed set of length buckets, each
@@ -57,20 +57,37 @@ TASKS = ("asr", "st")
 TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
 
 
+def setting(default, help_text: str):
+  """A field that is also the config key data.<field> (configs/default.py reads it here)."""
+  return dataclasses.field(default=default, metadata={"help": help_text, "setting": True})
+
+
 @dataclasses.dataclass(frozen=True)
 class PipelineConfig:
+  """How a stage's split is read and batched. The fields marked `setting` are the config keys
+  data.<field> with their defaults and meaning (`config_defaults`); the others are the stage's
+  (experiment.pipeline_config)."""
   prepared_dir: str
   task: str = "st"                 # asr: source transcripts; st: target translations
-  max_frames: int = 40000          # padded source frames per global batch (fairseq max_tokens)
-  num_buckets: int = 8             # source-length buckets
-  num_token_buckets: int = 1       # training: each split by target length into this many
-  max_source_frames: int = 3000
+  max_frames: int = setting(
+      40000, "padded source frames per batch (fairseq's --max-tokens): per global batch, x "
+      "{stage}.update_freq per update; with data.frames_per_update set, per device")
+  num_buckets: int = setting(8, "source-length buckets: distinct batch shapes per split")
+  num_token_buckets: int = setting(
+      1, "training: each source bucket split by target length into this many (fewer padded "
+      "target tokens, more compiled shapes; 6: 13 % padded on MuST-C-like lengths, "
+      "docs/benchmarks.md)")
+  max_source_frames: int = setting(3000, "longer training utterances are skipped (counted)")
   max_target_tokens: int = 1023    # tokens before EOS (decoder max positions - 1)
-  cmvn: str = "utterance"
-  specaugment: bool = True         # training split only
-  specaugment_policy: str = "lb"   # data_prep.features.SpecAugment.from_policy
-  seed: int = 0
-  target_lang_tag: bool = False    # st: prefix targets with <lang:xx> (one-to-many decoding)
+  cmvn: str = setting("utterance", "utterance | global | none")
+  specaugment: bool = setting(True, "SpecAugment on the training split")
+  specaugment_policy: str = setting(
+      "lb", "lb | ld | sm | ss (the SpecAugment paper's, fairseq's names), then optional "
+      "overrides: 'sm,time_mask_p=0.1'")
+  seed: int = setting(1, "the batches' order and SpecAugment's masks: a function of (seed, "
+                      "epoch, position)")
+  target_lang_tag: bool = setting(
+      False, "ST targets start with <lang:xx> (one-to-many; forced at decoding)")
   source_ctc: bool = False         # st: batches also carry the source transcript in the ASR
                                    # vocabulary (ctc_targets), for the source CTC loss
   pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the task uses them)
@@ -87,6 +104,12 @@ class PipelineConfig:
       features_lib.SpecAugment.from_policy(self.specaugment_policy)
     except ValueError as e:
       raise ValueError(f"data.specaugment_policy: {e}") from None
+
+
+def config_defaults() -> dict:
+  """{field: default} of PipelineConfig's settings: configs/default.py's data.<field> keys."""
+  return {f.name: f.default for f in dataclasses.fields(PipelineConfig)
+          if f.metadata.get("setting")}
 
 
 def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:

@@ -1,8 +1,8 @@
 """The frozen model configuration, built once from the `model` section of a ConfigDict.
 
-Every model hyper-parameter is a field here and nowhere else: modules read this object, configs
-set its fields by name (configs/default.py documents each), and unknown or mistyped keys fail
-at build time with the list of valid ones.
+Every model hyper-parameter is a field here, with its default and its meaning, and nowhere
+else: configs/default.py's `model` section is `config_defaults()`, modules read this object,
+and unknown or mistyped keys fail at build time with the list of valid ones.
 """
 
 from __future__ import annotations
@@ -37,58 +37,102 @@ class ConfigError(ValueError):
   """A model config value that cannot be used, naming the key and what is valid."""
 
 
+def setting(default, help_text: str):
+  """A field a config sets (configs/default.py's model.* keys come from these)."""
+  return dataclasses.field(default=default, metadata={"help": help_text, "setting": True})
+
+
+def derived(default, help_text: str):
+  """A field set from the prepared data or the stage (experiment.model_config_for), never
+  a config key."""
+  return dataclasses.field(default=default, metadata={"help": help_text, "setting": False})
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  vocab_size: int = 8000
-  input_dim: int = 80
-  d_model: int = 256
-  ffn_dim: int = 2048
-  encoder_layers: int = 12
-  decoder_layers: int = 6
-  encoder_heads: int = 4
-  decoder_heads: int = 4
-  encoder_layout: str = "12x(4*full)"
-  conv_kernels: tuple[int, ...] = (5, 5)
-  conv_strides: tuple[int, ...] = (2, 2)
-  conv_channels: int = 1024
-  subsampler_masks_padding: bool = True
-  dropout: float = 0.1
-  attention_dropout: float = 0.1
-  activation_dropout: float = 0.1
-  kernel_redraw: str = "fixed"
-  kernel_seed: int = 0
-  local_block_size: int = 0
-  key_block_size: int = AUTO
-  ffn_token_chunk: int = AUTO
-  attention_implementation: str = "auto"   # auto | xla | cudnn | flash (fused.py, local.py,
-                                           # kernel.py)
-  qkv_bias: bool = True
-  dtype: str = "float32"
-  max_target_positions: int = 1024
-  # Multilingual / multi-domain models (multiformer_jax/model/head_selection.py).
-  task_tag: str = ""               # what a task is: source_lang | target_lang | domain | pair
-  encoder_task_tag: str = ""       # the encoder's task key ('' = task_tag)
-  decoder_task_tag: str = ""       # the decoder's task key ('' = task_tag)
-  num_tasks: int = 1               # tasks of a stack whose count is not given below
-  encoder_num_tasks: int = 0       # set from the training data (0 = num_tasks)
-  decoder_num_tasks: int = 0       # set from the training data (0 = num_tasks)
-  encoder_candidates: int = 0      # H' candidate heads per encoder layer (0 = no selection)
-  decoder_candidates: int = 0      # H' candidates in decoder self-attention (0 = no selection)
-  selection_strategy: str = "group"
-  selection_temperature: float = 5.0
-  selection_inference: str = "deterministic"
-  adapter_dim: int = 0             # per-task adapter bottleneck after every layer (0 = none)
-  ctc_head: bool = False           # a linear CTC projection of the encoder output (hybrid
-                                   # CTC/attention training; the stage's ctc_weight weights it)
-  ctc_vocab_size: int = 0          # 0: the CTC head spells the decoder's vocabulary; > 0: the
-                                   # size of another one (ST's CTC on the source transcript in
-                                   # the ASR vocabulary)
-  text_encoder_layers: int = 0     # > 0: full-attention layers stacked on the encoder, fed the
-                                   # CTC head's distribution over source pieces (stacked.py)
-  bos_id: int = BOS_ID           # the vocabularies' specials (data_prep.common.token_ids)
-  pad_id: int = PAD_ID
-  eos_id: int = EOS_ID
-  unk_id: int = UNK_ID
+  """Every model hyper-parameter, with its default and what it means; `config.model` holds the
+  settings (`config_defaults`), the experiment fills in the derived fields."""
+  vocab_size: int = derived(8000, "the decoder's vocabulary (the prepared data's)")
+  input_dim: int = setting(80, "fbank channels")
+  d_model: int = setting(256, "embedding / attention width")
+  ffn_dim: int = setting(2048, "feed-forward hidden width")
+  encoder_layers: int = setting(12, "encoder layers")
+  decoder_layers: int = setting(6, "decoder layers")
+  encoder_heads: int = setting(4, "heads per encoder layer (the layout's heads sum to it)")
+  decoder_heads: int = setting(4, "heads per decoder attention")
+  encoder_layout: str = setting(
+      "12x(4*full)", "the encoder's heads in the thesis's notation (model/layout.py): full | "
+      "local(w[,d]) | kernel[(m)] | conv[(k,s[,type])], e.g. 12x(2*local(65)+2*conv(5,2))")
+  conv_kernels: tuple[int, ...] = setting((5, 5), "subsampler Conv1d kernels, one per layer")
+  conv_strides: tuple[int, ...] = setting(
+      (2, 2), "subsampler strides; (1, 1) = no downsampling (thesis App. B)")
+  conv_channels: int = setting(1024, "subsampler hidden channels (before GLU)")
+  subsampler_masks_padding: bool = setting(
+      True, "zero padded frames before each subsampler conv; False = fairseq's subsampler, "
+      "whose output for an utterance depends on its batch-mates' padding (to reproduce "
+      "fairseq's training)")
+  dropout: float = setting(0.1, "dropout after attention, FFN and embeddings")
+  attention_dropout: float = setting(0.1, "dropout of the attention weights")
+  activation_dropout: float = setting(0.1, "dropout inside the FFN")
+  kernel_redraw: str = setting(
+      "fixed", "kernel heads' random features: 'fixed' (from kernel_seed) or 'step' (redrawn "
+      "every step)")
+  kernel_seed: int = setting(0, "the kernel heads' random features' seed")
+  local_block_size: int = setting(0, "local heads: query block size, 0 = automatic")
+  key_block_size: int = setting(
+      AUTO, "full/conv heads: exact softmax over blocks of this many keys, recomputed in the "
+      "backward (O(n x block) memory); 0 = one dense softmax; -1 = by backend: 512 on CPU "
+      "(faster there too), 0 on GPU/TPU (faster there: docs/benchmarks.md)")
+  ffn_token_chunk: int = setting(
+      AUTO, "encoder FFN computed this many tokens at a time, the hidden layer recomputed in "
+      "the backward (less memory); 0 = unchunked (the faster); -1 = by backend: 0 everywhere")
+  attention_implementation: str = setting(
+      "auto", "full/conv heads on a GPU in bfloat16: 'auto' = cuDNN's fused attention where "
+      "no attention dropout is active, our Pallas kernel with the dropout inside where it is, "
+      "our softmax elsewhere; 'xla' = always ours; 'cudnn' / 'flash' = that kernel or an "
+      "error. Local and kernel heads on a CPU: C++ kernels (docs/kernels.md), unless 'xla'")
+  qkv_bias: bool = setting(True, "bias in the q/k/v projections (fairseq: yes; thesis code: no)")
+  dtype: str = setting(
+      "auto", "compute dtype: float32 | bfloat16 (parameters stay float32) | auto: bfloat16 "
+      "on a GPU or TPU, float32 on a CPU")
+  max_target_positions: int = setting(1024, "the decoder's positions (targets are cut to one "
+                                      "fewer, for EOS)")
+  # Multilingual / multi-domain models (Gong et al. 2022; model/head_selection.py).
+  task_tag: str = setting(
+      "", "what a task is, a tag of the data: source_lang | target_lang | domain | pair "
+      "('' = one task)")
+  encoder_task_tag: str = setting("", "the encoder's task tag ('' = task_tag; the paper: "
+                                  "source_lang)")
+  decoder_task_tag: str = setting("", "the decoder's task tag ('' = task_tag; the paper: "
+                                  "target_lang)")
+  num_tasks: int = derived(1, "tasks of a stack whose count is not given below")
+  encoder_num_tasks: int = derived(0, "the encoder's tasks, from the training data "
+                                   "(0 = num_tasks)")
+  decoder_num_tasks: int = derived(0, "the decoder's tasks, from the training data "
+                                   "(0 = num_tasks)")
+  encoder_candidates: int = setting(
+      0, "H' candidate heads per encoder layer, encoder_heads of them used (the layout then "
+      "lists the H' candidates); 0 = no head selection")
+  decoder_candidates: int = setting(0, "H' candidates in decoder self-attention (0 = none)")
+  selection_strategy: str = setting("group", "subset | group")
+  selection_temperature: float = setting(
+      5.0, "Gumbel-sigmoid temperature (train.selection_temperature_* anneal it)")
+  selection_inference: str = setting(
+      "deterministic", "or 'noisy': the reference's sampling at inference")
+  adapter_dim: int = setting(0, "per-task adapters after every layer (the paper's baseline); "
+                             "0 = none")
+  ctc_head: bool = derived(False, "a linear CTC projection of the encoder output (where the "
+                           "stage's ctc_weight > 0)")
+  ctc_vocab_size: int = derived(
+      0, "0: the CTC head spells the decoder's vocabulary; > 0: the size of another one (ST's "
+      "CTC on the source transcript in the ASR vocabulary)")
+  text_encoder_layers: int = derived(
+      0, "> 0: full-attention layers stacked on the encoder, fed the CTC head's distribution "
+      "over source pieces (stacked.py)")
+  bos_id: int = derived(BOS_ID, "the vocabularies' specials (data_prep.common.token_ids)")
+  pad_id: int = derived(PAD_ID, "")
+  eos_id: int = derived(EOS_ID, "")
+  unk_id: int = derived(UNK_ID, "")
 
   def __post_init__(self):
     # Normalise sequences (ConfigDicts hold lists) so the dataclass stays hashable.
@@ -247,3 +291,11 @@ def _resolve(value: int, cpu_value: int) -> int:
   if value != AUTO:
     return value
   return cpu_value if jax.default_backend() == "cpu" else 0
+
+
+SETTINGS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata["setting"])
+
+
+def config_defaults() -> dict[str, Any]:
+  """{field: default} of the fields a config sets: configs/default.py's model.* keys."""
+  return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.metadata["setting"]}
