@@ -56,8 +56,9 @@ def test_the_traceback_on_request(monkeypatch):
 
 
 def test_help_exits_0_and_says_each_commands_first_paragraph_whole():
-  done = _run("run.py", "--help")
-  assert done.returncode == 0 and "--workdir" in done.stdout + done.stderr
+  for command in (("run.py",), ("-m", "multiformer_jax.train")):   # multiformer-train's module
+    done = _run(*command, "--help")
+    assert done.returncode == 0 and "--workdir" in done.stdout + done.stderr, command
   for module, ending in (("multiformer_jax.ablate", "(markdown + CSV)."),
                          ("multiformer_jax.import_fairseq", "(`--config.st.init_from=OUT`).")):
     done = _run("-m", module, "--help")

@@ -13,7 +13,7 @@ from multiformer_jax import ConfigError, ModelConfig, init_cache
 from multiformer_jax.model import head_selection as hs
 from multiformer_jax.model.attention.multi import MultiHeadMultiAttention
 from multiformer_jax.model.layout import parse_layout
-from multiformer_jax.evaluation.metrics import label_smoothed_nll
+from multiformer_jax.training.loss import label_smoothed_nll
 from tests.test_model import tiny_model_factory
 
 RNG = np.random.default_rng(0)

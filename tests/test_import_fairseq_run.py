@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from data_prep import fairseq_data, vocab
-from multiformer_jax.training import fairseq_run as import_fairseq
+from multiformer_jax.import_fairseq import run as import_fairseq
 from multiformer_jax.analysis import analyze
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference

@@ -186,7 +186,7 @@ def test_dropout_is_active_only_in_training():
 
 
 def test_bfloat16_compute_keeps_float32_parameters():
-  from multiformer_jax.evaluation.metrics import label_smoothed_nll
+  from multiformer_jax.training.loss import label_smoothed_nll
   feats = jnp.asarray(RNG.normal(size=(2, 40, 12)), jnp.float32)
   prev, targets = jnp.array([[2, 5, 6, 7], [2, 8, 9, 1]]), jnp.array([[5, 6, 7, 2], [8, 9, 2, 1]])
   losses = {}

@@ -10,7 +10,7 @@ import subprocess
 import jax
 import numpy as np
 
-from multiformer_jax.training import loop
+from multiformer_jax.runtime.train_log import DONE
 from tests.test_reliability import _final_state, _free_port, _run, _write_config
 from tests.test_train import devices_flag
 
@@ -64,7 +64,7 @@ def test_a_corrupt_latest_checkpoint_is_moved_aside_once_and_both_resume_from_th
   config_file, reference = _reference(prepared[1], tmp_path, "jit", update_freq=2)
   workdir = str(tmp_path / "corrupt")
   shutil.copytree(reference, workdir)
-  os.remove(os.path.join(workdir, "asr", loop.DONE))          # as if killed after saving 8
+  os.remove(os.path.join(workdir, "asr", DONE))          # as if killed after saving 8
   latest = os.path.join(workdir, "asr", "checkpoints", str(UPDATES))
   for root, _, files in os.walk(os.path.join(latest, "state")):
     for name in files:

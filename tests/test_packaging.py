@@ -15,7 +15,7 @@ def _pyproject():
 
 def test_console_scripts_resolve_to_the_command_line_entries():
   scripts = _pyproject()["project"]["scripts"]
-  assert set(scripts) == {"multiformer-evaluate", "multiformer-analyze", "multiformer-ablate",
+  assert set(scripts) == {"multiformer-train", "multiformer-evaluate", "multiformer-analyze", "multiformer-ablate",
                           "multiformer-translate", "multiformer-prepare",
                           "multiformer-embedded-corpus", "multiformer-import-fairseq",
                           "multiformer-speak"}

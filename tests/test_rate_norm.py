@@ -8,7 +8,7 @@ import pytest
 
 from multiformer_jax.evaluation import rate_norm
 from multiformer_jax.evaluation.inference import make_translate, rate_norm_settings
-from multiformer_jax.evaluation.metrics import CTC_BLANK_ID
+from data_prep.common.token_ids import CTC_BLANK_ID
 from multiformer_jax.model import S2TModel
 from tests.test_ctc_prefix import tiny_model
 

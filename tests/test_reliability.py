@@ -24,7 +24,7 @@ from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import faults
 from multiformer_jax.training import train
 from multiformer_jax import experiment
-from multiformer_jax.training import loop
+from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax import model as model_lib
 from multiformer_jax.training import optimizer
 from multiformer_jax.training import steps
@@ -108,7 +108,7 @@ def test_sigkill_at_several_points_then_rerun_gives_the_same_parameters(config_f
   for fault in ("asr.update:3", "asr.checkpoint:4", "asr.update:6"):
     result = _run(config_file, workdir, fault)
     assert result.returncode == -signal.SIGKILL, (fault, result.stderr[-3000:])
-    assert not os.path.exists(os.path.join(workdir, "asr", loop.DONE))
+    assert not os.path.exists(os.path.join(workdir, "asr", DONE))
     if fault == "asr.checkpoint:4":
       # Really killed mid-write: only orbax's temporary directory, no (half) step 4.
       assert ckpt_lib.StageCheckpoints(checkpoints).steps() == []
@@ -147,7 +147,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(config_file, r
                                                                   tmp_path):
   workdir = str(tmp_path / "corrupt")
   shutil.copytree(reference, workdir)
-  os.remove(os.path.join(workdir, "asr", loop.DONE))          # as if killed after saving 8
+  os.remove(os.path.join(workdir, "asr", DONE))          # as if killed after saving 8
   latest = os.path.join(workdir, "asr", "checkpoints", str(MAX_UPDATES))
   for root, _, files in os.walk(os.path.join(latest, "state")):
     for name in files:                                          # truncate every state file

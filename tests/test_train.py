@@ -18,13 +18,14 @@ from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax import experiment
 from multiformer_jax.training import train
-from multiformer_jax.training import loop
+from multiformer_jax.training import stage as stage_lib
 from multiformer_jax import model as model_lib
 from multiformer_jax.training import optimizer
 from multiformer_jax.training import steps
 from data_prep.common import token_ids
 from multiformer_jax.training import transfer
-from multiformer_jax.evaluation.metrics import corpus_wer, label_smoothed_nll, normalize_for_wer
+from multiformer_jax.evaluation.metrics import corpus_wer, normalize_for_wer
+from multiformer_jax.training.loss import label_smoothed_nll
 from multiformer_jax.evaluation import inference
 
 
@@ -143,7 +144,7 @@ def test_interrupted_run_resumes_to_the_same_parameters(prepared, tmp_path):
   cut = tiny_config(prepared_dir, max_updates=3, eval_every=3)
   cut.train.stages = ("asr",)
   train.train_and_evaluate(cut, str(tmp_path / "cut"))
-  os.remove(tmp_path / "cut" / "asr" / loop.DONE)     # as if killed after the checkpoint
+  os.remove(tmp_path / "cut" / "asr" / train.DONE)     # as if killed after the checkpoint
   train.train_and_evaluate(whole, str(tmp_path / "cut"))
   a = ckpt_lib.StageCheckpoints(str(tmp_path / "whole" / "asr" / "checkpoints"))
   b = ckpt_lib.StageCheckpoints(str(tmp_path / "cut" / "asr" / "checkpoints"))
@@ -196,9 +197,9 @@ def test_averaging_more_checkpoints_than_kept_is_refused_before_training(tmp_pat
   config.st.encoder_init = "around_best"
   config.eval.average_around_best = 5
   train.check_checkpoint_retention(config)
-  assert loop.kept_around_best(config, "asr") == 5 and loop.kept_around_best(config, "st") == 1
+  assert stage_lib.kept_around_best(config, "asr") == 5 and stage_lib.kept_around_best(config, "st") == 1
   config.eval.checkpoint = "around_best"
-  assert loop.kept_around_best(config, "st") == 5
+  assert stage_lib.kept_around_best(config, "st") == 5
 
 
 def test_a_repeat_block_that_cannot_work_is_refused_before_training(tmp_path):
@@ -460,7 +461,7 @@ def _brute_force_ctc(log_probs, labels, blank=0):
 
 def test_ctc_loss_is_the_sum_over_alignments():
   import jax.numpy as jnp
-  from multiformer_jax.evaluation.metrics import ctc_loss_sum
+  from multiformer_jax.training.loss import ctc_loss_sum
   rng = np.random.default_rng(7)
   vocab, frames = 5, 5
   logits = rng.normal(size=(3, frames, vocab)).astype(np.float32)
@@ -510,7 +511,7 @@ def test_st_stage_ctc_spells_the_source_transcript_in_the_asr_vocabulary(prepare
   from data_prep import index_io, vocab
   from multiformer_jax import experiment
   from multiformer_jax.evaluation import inference
-  from multiformer_jax.evaluation.metrics import ctc_loss_sum
+  from multiformer_jax.training.loss import ctc_loss_sum
   from multiformer_jax.training.parallel import DataParallel
   _, prepared_dir = prepared
   config = tiny_config(prepared_dir, max_updates=2, eval_every=2)
@@ -589,7 +590,7 @@ def test_eval_every_minus_one_evaluates_once_per_epoch(prepared):
   batcher = ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"), True)
   batches = len(batcher.epoch_plan(0))
   config.asr.eval_every, config.asr.update_freq = -1, 2
-  assert loop.resolved_eval_every(config.asr, batcher, 2) == max(1, batches // 2)
+  assert train.resolved_eval_every(config.asr, batcher, 2) == max(1, batches // 2)
   config.asr.eval_every = 0
   with pytest.raises(ValueError, match=r"eval_every=0; valid: a number of updates >= 1, or -1"):
     train.train_and_evaluate(config, "/nonexistent/run")

@@ -112,6 +112,15 @@ def config_defaults() -> dict:
           if f.metadata.get("setting")}
 
 
+def batch_tasks(batch):
+  """(encoder task ids, decoder task ids) [batch] each of a multi-task batch (None for a stack
+  without a task key), or None for a one-task model. The model clips ids into its task range,
+  so a padding row's id does not matter."""
+  if "encoder_task" not in batch and "decoder_task" not in batch:
+    return None
+  return batch.get("encoder_task"), batch.get("decoder_task")
+
+
 def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
   """The at most `num_buckets` bucket edges (multiples of `multiple`, the last one the longest
   length) that minimise the padded frames of the split: the sum over utterances of the edge of

@@ -12,9 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_prep.common.progress import progress_bar
-from multiformer_jax.evaluation import decode, rate_norm
+from data_prep.common.token_ids import CTC_BLANK_ID, PAD_ID
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation.metrics import CTC_BLANK_ID, PAD_ID, corpus_bleu, corpus_wer
+from multiformer_jax.evaluation import decode, rate_norm
+from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 
@@ -169,7 +170,7 @@ def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, 
                          desc=f"decoding {data.split}", unit="batch", disable=not progress)
   forced = 0 if data.prefix is None else 1                 # a forced target-language tag
   for n, batch in enumerate(batches):
-    tasks = batch_tasks(batch)
+    tasks = ip.batch_tasks(batch)
     prefix = None
     if data.prefix is not None:
       prefix = jnp.asarray(np.where(batch["index"] >= 0, data.prefix[batch["index"]],
@@ -192,15 +193,6 @@ def picked(nbest_out, vocab, forced: int, pick):
   texts = [[vocab.decode(hyp[forced:]) for hyp in row] for row in nbest]
   return np.stack([row[pick(row_texts, row_scores, row_lengths)] for row, row_texts,
                    row_scores, row_lengths in zip(nbest, texts, scores, lengths)])
-
-
-def batch_tasks(batch):
-  """(encoder task ids, decoder task ids) [batch] each of a multi-task batch (None for a stack
-  without a task key), or None for a one-task model. The model clips ids into its task range,
-  so a padding row's id does not matter."""
-  if "encoder_task" not in batch and "decoder_task" not in batch:
-    return None
-  return batch.get("encoder_task"), batch.get("decoder_task")
 
 
 def score(stage: str, hypotheses, references) -> dict:

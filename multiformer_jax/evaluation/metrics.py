@@ -1,57 +1,9 @@
-"""Losses and scores: fairseq's label-smoothed cross-entropy, sacreBLEU, WER.
-
-Losses are returned as sums plus a denominator (the number of target tokens, EOS included) so
-that accumulation over micro-batches and devices is exact.
-"""
+"""Scores: sacreBLEU and WER (fairseq's and ESPnet's normalisation). The training losses are
+multiformer_jax/training/loss.py."""
 
 from __future__ import annotations
 
 import unicodedata
-
-import jax
-import jax.numpy as jnp
-
-from data_prep.common.token_ids import EOS_ID, PAD_ID
-
-CTC_BLANK_ID = 0    # fairseq's CTC blank: <s>, which no target contains
-
-
-def label_smoothed_nll(logits, targets, epsilon: float, pad_id: int = PAD_ID):
-  """fairseq label_smoothed_nll_loss, summed over non-pad tokens.
-
-  eps_i = epsilon / (V - 1); loss = (1 - epsilon - eps_i) * nll + eps_i * sum_v(-log p_v).
-  logits [B, U, V], targets [B, U] -> (loss_sum, nll_sum, ntokens).
-  """
-  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-  mask = (targets != pad_id).astype(jnp.float32)
-  nll = -jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
-  smooth = -jnp.sum(log_probs, axis=-1)
-  eps_i = epsilon / (logits.shape[-1] - 1)
-  loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
-  return jnp.sum(loss * mask), jnp.sum(nll * mask), jnp.sum(mask)
-
-
-def ctc_loss_sum(logits, mask, targets, weights, blank_id: int = CTC_BLANK_ID,
-                 pad_id: int = PAD_ID, eos_id: int = EOS_ID):
-  """Summed CTC loss of the target tokens (EOS and pad left out) given per-frame logits.
-
-  logits [B, T, V] and mask [B, T] (True = valid frame) of the encoder output; targets [B, U]
-  (tokens + EOS, pad after); weights [B] (0 = padding example). The blank is fairseq's CTC
-  blank, <s> (id 0), which no target contains. An utterance whose frames cannot emit its labels
-  (fewer frames than labels plus repeats) adds nothing, as fairseq's zero_infinity.
-  -> (loss sum, number of utterances counted).
-  """
-  import optax  # pylint: disable=import-outside-toplevel
-  labels = jnp.where((targets == pad_id) | (targets == eos_id), pad_id, targets)
-  label_paddings = (labels == pad_id).astype(jnp.float32)
-  per_utterance = optax.ctc_loss(logits.astype(jnp.float32), 1.0 - mask.astype(jnp.float32),
-                                 labels, label_paddings, blank_id=blank_id)       # [B]
-  frames = jnp.sum(mask, axis=1)
-  label_count = jnp.sum(1.0 - label_paddings, axis=1)
-  repeats = jnp.sum((labels[:, 1:] == labels[:, :-1]) & (label_paddings[:, 1:] == 0), axis=1)
-  feasible = (frames >= label_count + repeats) & (weights > 0)
-  return (jnp.sum(jnp.where(feasible, per_utterance, 0.0)),
-          jnp.sum(feasible.astype(jnp.float32)))
 
 
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict:

@@ -1,8 +1,12 @@
-"""The compiled steps of a stage: the training state, the update (gradient accumulation,
-skipped non-finite updates, hybrid CTC/attention and head-selection losses) and the dev loss."""
+"""The compiled steps of a stage: the training state, the update (`train_step` for an update
+of one micro-batch; `accumulate_step` + `apply_step` under pmap, their `_on_devices` /
+`_from_devices` forms under jit, for several; non-finite updates skipped) and the dev loss
+(`eval_step`), on the losses of loss.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import logging
 from typing import Any, Callable
@@ -13,11 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from data_prep.common.token_ids import PAD_ID
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation import inference
-from multiformer_jax.evaluation.metrics import ctc_loss_sum, label_smoothed_nll
-from multiformer_jax.model import S2TModel, head_selection, init_params
+from multiformer_jax.model import S2TModel, init_params
+from multiformer_jax.training.loss import make_loss_sums
 from multiformer_jax.training.optimizer import as_constants
 from multiformer_jax.training.parallel import AXIS, DataParallel
 
@@ -42,73 +44,6 @@ def create_state(model: S2TModel, tx, key) -> TrainState:
                     grad_acc=jax.tree_util.tree_map(jnp.zeros_like, params),
                     acc_tokens=jnp.array(0.0, jnp.float32), rng=rng,
                     nonfinite=jnp.array(0, jnp.int32))
-
-
-def selection_temperature(train_cfg, initial: float, step):
-  """Gumbel-sigmoid temperature after `step` updates: max(min, initial * exp(-decay * step));
-  decay 0 (the reference) keeps it constant."""
-  decay = train_cfg.selection_temperature_decay
-  if not decay:
-    return jnp.asarray(initial, jnp.float32)
-  return jnp.maximum(train_cfg.selection_temperature_min,
-                     initial * jnp.exp(-decay * jnp.asarray(step, jnp.float32)))
-
-
-def make_loss_sums(model: S2TModel, label_smoothing: float, train_cfg=None,
-                   ctc_weight: float = 0.0):
-  """-> loss_sums(params, batch, deterministic, key=None, step=None) -> (loss, aux sums).
-
-  Head-selection models add the KL term of their Gumbel-sigmoid samples, weighted by each
-  task's target tokens (train.kl_weight; 0 in the published recipes, then it is only logged).
-
-  With ctc_weight > 0 (a model with a CTC head) the loss is ESPnet's hybrid CTC/attention one,
-  (1 - w) * label-smoothed CE + w * CTC, both summed over the batch and divided, like the CE,
-  by the target tokens of the update. The CTC spells the batch's `ctc_targets` where it has
-  them (an ST stage's source transcripts), else its targets.
-  """
-  cfg = model.config
-  if ctc_weight and not cfg.ctc_head:
-    raise ValueError(f"ctc_weight {ctc_weight} needs a model with a CTC head (ctc_head=True)")
-  selecting = bool(cfg.encoder_candidates or cfg.decoder_candidates)
-
-  def loss_sums(params, batch, deterministic, key=None, step=None):
-    rngs = {"dropout": key} if key is not None else {}
-    tasks = inference.batch_tasks(batch)
-    temperature = None if step is None or train_cfg is None else selection_temperature(
-        train_cfg, cfg.selection_temperature, step)
-    logits, sown = model.apply({"params": params}, batch["features"], batch["lengths"],
-                               batch["prev_tokens"], deterministic, tasks, temperature,
-                               rngs=rngs, mutable=["selection", "ctc"])
-    targets = jnp.where(batch["weights"][:, None] > 0, batch["targets"], PAD_ID)
-    loss, nll, tokens = label_smoothed_nll(logits, targets, label_smoothing)
-    aux = {"nll": nll, "tokens": tokens}
-    if ctc_weight:
-      ctc_logits, ctc_mask = sown["ctc"]["logits"][0]
-      # ASR: the transcript the decoder writes; ST: the source transcript (ctc_targets).
-      ctc_targets = batch.get("ctc_targets", targets)
-      ctc, _ = ctc_loss_sum(ctc_logits, ctc_mask, ctc_targets, batch["weights"], cfg.bos_id,
-                            cfg.pad_id, cfg.eos_id)
-      loss = (1.0 - ctc_weight) * loss + ctc_weight * ctc
-      aux["ctc"] = ctc
-    if selecting and not deterministic:
-      per_example = jnp.sum(targets != PAD_ID, axis=1).astype(jnp.float32)
-      kl = 0.0
-      for side, (stack, candidates, heads) in enumerate(
-          (("encoder", cfg.encoder_candidates, cfg.encoder_heads),
-           ("decoder", cfg.decoder_candidates, cfg.decoder_heads))):
-        if candidates:
-          task_ids = None if tasks is None else tasks[side]
-          if task_ids is None:
-            task_ids = jnp.zeros(batch["weights"].shape, jnp.int32)
-          task_tokens = jnp.zeros(cfg.stack_num_tasks(stack)).at[jnp.clip(task_ids, 0)].add(
-              per_example)
-          samples = sown["selection"][stack]["head_selector"]["samples"][0]
-          kl = kl + head_selection.selection_kl(samples, task_tokens, heads / candidates)
-      aux["kl"] = kl
-      loss = loss + (train_cfg.kl_weight if train_cfg is not None else 0.0) * kl
-    return loss, aux
-
-  return loss_sums
 
 
 class Programs:
@@ -207,127 +142,155 @@ class TrainStep:
     return state, {**sums, **update}
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdateRule:
+  """What an update computes besides the state and the batch: the loss (loss.make_loss_sums),
+  the optimizer and its schedule, the data parallelism, and which parameters are trained
+  (`trained`, parameter name -> bool; None: all). The step functions below take it first and
+  make_steps binds it (functools.partial) before compiling them."""
+  loss_sums: Callable
+  tx: optax.GradientTransformation
+  schedule: Callable
+  dp: DataParallel
+  trained: Callable[[str], bool] | None = None
+
+  def differentiated(self, params, *rest):
+    """The loss, with the parameters `trained` refuses behind stop_gradient (`as_constants`):
+    their backward is not computed; the optimizer's freeze_all_but keeps them fixed."""
+    if self.trained is not None:
+      params = as_constants(params, self.trained)
+    return self.loss_sums(params, *rest)
+
+
+def gradients(rule: UpdateRule, state: TrainState, batch, device):
+  """-> (gradient sums of `batch`, its loss sums), dropout keyed by the micro-batch and
+  `device`."""
+  key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step), device)
+  (loss, aux), grads = jax.value_and_grad(rule.differentiated, has_aux=True)(
+      state.params, batch, False, key, state.step)
+  return grads, {"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
+                 "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))}
+
+
+def micro_gradients(rule: UpdateRule, state: TrainState, batch):
+  """-> (this device's gradient sums, the micro-batch's sums over every device)."""
+  grads, sums = gradients(rule, state, batch, rule.dp.device_index())
+  return grads, rule.dp.psum(sums)
+
+
+def finish_update(rule: UpdateRule, state: TrainState, grads, tokens, loss, grad_acc):
+  """The update from its gradient sums over every device and its target tokens; skipped
+  where the gradient norm or `loss` is not finite."""
+  def apply_optimizer(operands):
+    params, opt_state, grads = operands
+    updates, opt_state = rule.tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
+
+  grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(tokens, 1.0), grads)
+  grad_norm = optax.global_norm(grads)
+  finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
+  params, opt_state = jax.lax.cond(finite, apply_optimizer, lambda operands: operands[:2],
+                                   (state.params, state.opt_state, grads))
+  lr = rule.schedule(state.step)
+  state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
+                        grad_acc=grad_acc, acc_tokens=jnp.zeros_like(state.acc_tokens),
+                        nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
+  return state, {"grad_norm": grad_norm, "lr": lr, "finite": finite}
+
+
+def train_step(rule: UpdateRule, state: TrainState, batch):
+  """An update of one micro-batch: its gradients all-reduced once and applied."""
+  grads, sums = micro_gradients(rule, state, batch)
+  state = state.replace(micro_step=state.micro_step + 1)
+  state, update = finish_update(rule, state, rule.dp.psum(grads), sums["tokens"], sums["loss"],
+                                state.grad_acc)       # untouched: still zero
+  return state, {**sums, **update}
+
+
+def accumulate_step(rule: UpdateRule, state: TrainState, batch):
+  """pmap: a micro-batch's gradients added into this device's `grad_acc` (no all-reduce)."""
+  grads, sums = micro_gradients(rule, state, batch)
+  return state.replace(
+      micro_step=state.micro_step + 1,
+      grad_acc=jax.tree_util.tree_map(jnp.add, state.grad_acc, grads),   # this device's
+      acc_tokens=state.acc_tokens + sums["tokens"]), sums
+
+
+def apply_step(rule: UpdateRule, state: TrainState):
+  """pmap: the accumulated gradients all-reduced once and applied; `grad_acc` zeroed."""
+  # A non-finite micro-batch loss makes its gradients, and so their norm, non-finite.
+  return finish_update(rule, state, rule.dp.psum(state.grad_acc), state.acc_tokens, 0.0,
+                       jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc))
+
+
+def zero_accumulator(rule: UpdateRule, state: TrainState):
+  """jit: the accumulator [devices, ...] of zeros, sharded over the devices."""
+  devices = jax.device_count()
+  return jax.tree_util.tree_map(
+      lambda p: jax.lax.with_sharding_constraint(
+          jnp.zeros((devices,) + p.shape, p.dtype), rule.dp.sharded), state.params)
+
+
+def accumulator_spec(dp: DataParallel, params):
+  """jit: the accumulator's shapes (jax.ShapeDtypeStruct), to compile ahead."""
+  devices = jax.device_count()
+  return jax.tree_util.tree_map(
+      lambda p: jax.ShapeDtypeStruct((devices,) + tuple(p.shape), p.dtype,
+                                     sharding=dp.sharded), params)
+
+
+def accumulate_on_devices(rule: UpdateRule, state: TrainState, accumulator, batch):
+  """jit: every device's gradient sums of its slice of `batch` added into its row of the
+  accumulator where they were computed (shard_map, no all-reduce); the dropout keys are
+  pmap's."""
+  def per_device(state, batch):
+    grads, sums = gradients(rule, state, batch, jax.lax.axis_index(AXIS))
+    return (jax.tree_util.tree_map(lambda g: g[None], grads), jax.lax.psum(sums, AXIS))
+  grads, sums = rule.dp.per_device(per_device)(state, batch)
+  return (state.replace(micro_step=state.micro_step + 1,
+                        acc_tokens=state.acc_tokens + sums["tokens"]),
+          jax.tree_util.tree_map(jnp.add, accumulator, grads), sums)
+
+
+def apply_from_devices(rule: UpdateRule, state: TrainState, accumulator):
+  """jit: the accumulator summed over its devices (the one all-reduce) and applied."""
+  grads = jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), accumulator)
+  return finish_update(rule, state, grads, state.acc_tokens, 0.0, state.grad_acc)  # still 0
+
+
+def eval_step(rule: UpdateRule, state: TrainState, batch):
+  """The dev loss sums of `batch` over every device (no dropout)."""
+  loss, aux = rule.loss_sums(state.params, batch, True)
+  return rule.dp.psum({"loss": loss, **aux})
+
+
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
                train_cfg=None, ctc_weight: float = 0.0,
                trained: Callable[[str], bool] | None = None):
-  """-> (TrainStep, eval_step: Programs of eval(state, batch)); the loss is make_loss_sums'.
+  """-> (TrainStep, eval_step: Programs of eval(state, batch)): the step functions above with
+  their UpdateRule bound, compiled for `dp`; the loss is loss.make_loss_sums'.
 
   Between updates `grad_acc` is zero (and jit's accumulator gone). A non-finite loss or
   gradient norm skips the update (parameters and optimizer state kept) through `lax.cond`,
-  not a select per leaf: with the
-  select XLA recomputes Adam's new moments inside the parameters' update and so reads the
-  old moments twice, which costs a copy of every donated parameter, moment and accumulator per
-  update (on a 2-core CPU the optimizer's part of an s2t_transformer_s update took about twice
-  as long; docs/notes/benchmarks-lab-notebook.md).
-
-  `trained` (parameter name -> bool, default: all) differentiates only the parameters it
-  accepts (`as_constants`); the optimizer's freeze_all_but keeps the others fixed.
+  not a select per leaf: with the select XLA recomputes Adam's new moments inside the
+  parameters' update and so reads the old moments twice, which costs a copy of every donated
+  parameter, moment and accumulator per update (on a 2-core CPU the optimizer's part of an
+  s2t_transformer_s update took about twice as long; docs/notes/benchmarks-lab-notebook.md).
   """
-  loss_sums = make_loss_sums(model, label_smoothing, train_cfg, ctc_weight)
-
-  def apply_optimizer(operands):
-    params, opt_state, grads = operands
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state
-
-  differentiated = loss_sums if trained is None else (
-      lambda params, *rest: loss_sums(as_constants(params, trained), *rest))
-
-  def gradients(state: TrainState, batch, device):
-    """-> (gradient sums of `batch`, its loss sums), dropout keyed by the micro-batch and
-    `device`."""
-    key = jax.random.fold_in(jax.random.fold_in(state.rng, state.micro_step), device)
-    (loss, aux), grads = jax.value_and_grad(differentiated, has_aux=True)(
-        state.params, batch, False, key, state.step)
-    return grads, {"loss": loss, **aux, "examples": jnp.sum(batch["weights"]),
-                   "frames": jnp.sum(batch["lengths"] * (batch["weights"] > 0))}
-
-  def micro_gradients(state: TrainState, batch):
-    """-> (this device's gradient sums, the micro-batch's sums over every device)."""
-    grads, sums = gradients(state, batch, dp.device_index())
-    return grads, dp.psum(sums)
-
-  def device_gradients(state: TrainState, batch):
-    """jit: -> (every device's gradient sums of its slice, stacked [devices, ...] where they
-    were computed, no all-reduce; the micro-batch's sums over every device). The dropout keys
-    are pmap's."""
-    def per_device(state, batch):
-      grads, sums = gradients(state, batch, jax.lax.axis_index(AXIS))
-      return (jax.tree_util.tree_map(lambda g: g[None], grads),
-              jax.lax.psum(sums, AXIS))
-    return dp.per_device(per_device)(state, batch)
-
-  def finish_update(state: TrainState, grads, tokens, loss, grad_acc):
-    """The update from its gradient sums over every device and its target tokens; skipped
-    where the gradient norm or `loss` is not finite."""
-    grads = jax.tree_util.tree_map(lambda g: g / jnp.maximum(tokens, 1.0), grads)
-    grad_norm = optax.global_norm(grads)
-    finite = jnp.isfinite(grad_norm) & jnp.isfinite(loss)
-    params, opt_state = jax.lax.cond(finite, apply_optimizer, lambda operands: operands[:2],
-                                     (state.params, state.opt_state, grads))
-    lr = schedule(state.step)
-    state = state.replace(step=state.step + 1, params=params, opt_state=opt_state,
-                          grad_acc=grad_acc, acc_tokens=jnp.zeros_like(state.acc_tokens),
-                          nonfinite=jnp.where(finite, 0, state.nonfinite + 1))
-    return state, {"grad_norm": grad_norm, "lr": lr, "finite": finite}
-
-  def single(state: TrainState, batch):
-    grads, sums = micro_gradients(state, batch)
-    state = state.replace(micro_step=state.micro_step + 1)
-    state, update = finish_update(state, dp.psum(grads), sums["tokens"], sums["loss"],
-                                  state.grad_acc)       # untouched: still zero
-    return state, {**sums, **update}
-
-  def accumulate(state: TrainState, batch):
-    grads, sums = micro_gradients(state, batch)
-    return state.replace(
-        micro_step=state.micro_step + 1,
-        grad_acc=jax.tree_util.tree_map(jnp.add, state.grad_acc, grads),   # this device's
-        acc_tokens=state.acc_tokens + sums["tokens"]), sums
-
-  def apply(state: TrainState):
-    # A non-finite micro-batch loss makes its gradients, and so their norm, non-finite.
-    return finish_update(state, dp.psum(state.grad_acc), state.acc_tokens, 0.0,
-                         jax.tree_util.tree_map(jnp.zeros_like, state.grad_acc))
-
-  # jit: the accumulator [devices, ...] sharded over the devices, outside the state.
-  devices = jax.device_count()
-
-  def zeros(state: TrainState):
-    return jax.tree_util.tree_map(
-        lambda p: jax.lax.with_sharding_constraint(
-            jnp.zeros((devices,) + p.shape, p.dtype), dp.sharded), state.params)
-
-  def accumulator_spec(params):
-    return jax.tree_util.tree_map(
-        lambda p: jax.ShapeDtypeStruct((devices,) + tuple(p.shape), p.dtype,
-                                       sharding=dp.sharded), params)
-
-  def accumulate_on_devices(state: TrainState, accumulator, batch):
-    grads, sums = device_gradients(state, batch)
-    return (state.replace(micro_step=state.micro_step + 1,
-                          acc_tokens=state.acc_tokens + sums["tokens"]),
-            jax.tree_util.tree_map(jnp.add, accumulator, grads), sums)
-
-  def apply_from_devices(state: TrainState, accumulator):
-    grads = jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0), accumulator)  # the all-reduce
-    return finish_update(state, grads, state.acc_tokens, 0.0, state.grad_acc)   # still zero
-
-  def eval_step(state: TrainState, batch):
-    loss, aux = loss_sums(state.params, batch, True)
-    return dp.psum({"loss": loss, **aux})
-
+  rule = UpdateRule(make_loss_sums(model, label_smoothing, train_cfg, ctc_weight), tx,
+                    schedule, dp, trained)
   compile_ = lambda fn, name, donate=(0,): Programs(
-      dp.compile(fn, donate_argnums=donate), name, dp.calls_compiled)
-  single_step = compile_(single, "train step")
+      dp.compile(functools.partial(fn, rule), donate_argnums=donate), name, dp.calls_compiled)
+  single = compile_(train_step, "train step")
   if dp.mode == "jit":
-    train_step = TrainStep(single_step, compile_(accumulate_on_devices, "accumulate", (0, 1)),
-                           compile_(apply_from_devices, "apply"),
-                           compile_(zeros, "zero accumulator", ()), accumulator_spec)
+    steps = TrainStep(single, compile_(accumulate_on_devices, "accumulate", (0, 1)),
+                      compile_(apply_from_devices, "apply"),
+                      compile_(zero_accumulator, "zero accumulator", ()),
+                      functools.partial(accumulator_spec, dp))
   else:
-    train_step = TrainStep(single_step, compile_(accumulate, "accumulate"),
-                           compile_(apply, "apply"))
-  return train_step, compile_(eval_step, "dev loss", ())
+    steps = TrainStep(single, compile_(accumulate_step, "accumulate"),
+                      compile_(apply_step, "apply"))
+  return steps, compile_(eval_step, "dev loss", ())
 
 
 def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:

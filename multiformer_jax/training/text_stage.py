@@ -34,11 +34,12 @@ from data_prep.common.token_ids import EOS_ID, PAD_ID
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation.decode import beam_search
-from multiformer_jax.evaluation.metrics import corpus_bleu, label_smoothed_nll
+from multiformer_jax.evaluation.metrics import corpus_bleu
 from multiformer_jax.model.decoder import init_cache
 from multiformer_jax.model.stacked import text_layers_config
 from multiformer_jax.model.text_model import TextToText
 from multiformer_jax.runtime.train_log import DONE
+from multiformer_jax.training.loss import label_smoothed_nll
 from multiformer_jax.training.optimizer import make_optimizer
 
 STAGE = "mt"

@@ -1,27 +1,39 @@
-"""A run: every stage of train.stages in order (ASR pre-training, the text stage where the ST
-stage reads it, then ST with the encoder carried over), then evaluation.
+"""A run and its training loop: every stage of train.stages in order (ASR pre-training, the text
+stage where the ST stage reads it, then ST with the encoder carried over), then evaluation.
 
-One stage = fairseq's recipe in JAX (loop.py, steps.py, optimizer.py): Adam, inverse-sqrt or
-polynomial-decay schedule with linear warmup from 0, clip-norm, exact gradient accumulation
-(`update_freq`), label-smoothed cross-entropy, dev loss every `eval_every` updates with a
-checkpoint, the best by dev loss kept beside the last K. Rerunning the same command resumes.
+One stage = fairseq's recipe in JAX: what it trains with is built by stage.py, its update is
+steps.py's (on loss.py's losses and optimizer.py's Adam and schedule: inverse-sqrt or
+polynomial decay with linear warmup from 0, clip-norm, exact gradient accumulation), and the
+loop here runs it to {stage}.max_updates with the dev loss and a checkpoint every
+{stage}.eval_every updates, the best by dev loss kept beside the last K, early stopping, and a
+checkpoint on a stop request.
+
+Rerunning the same command resumes: a finished stage (its DONE file) is skipped, an unfinished
+one continues from its latest checkpoint with the optimizer state, the RNG key and the
+data-iterator position, so the run continues with exactly the batch it would have seen next.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import time
 
 import jax
+import numpy as np
 
+from data_prep.common import atomic
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.runtime import host_memory, processes
-from multiformer_jax.training import text_stage
+from multiformer_jax.runtime import compile_clock, faults, host_memory, processes
+from multiformer_jax.runtime.train_log import DONE, StageLogger
+from multiformer_jax.training import curves, text_stage
 from multiformer_jax.training.data_setup import ensure_prepared, evaluated_splits
-from multiformer_jax.training.loop import run_stage
 from multiformer_jax.training.parallel import DataParallel
+from multiformer_jax.training.stage import StageRun, compile_programs, prepare_stage
+from multiformer_jax.training.steps import TrainState, evaluate_loss, params_checksum
 
 
 def check_checkpoint_retention(config):
@@ -95,3 +107,147 @@ def train_and_evaluate(config, workdir: str) -> dict:
       for split in splits[1:]:
         results[stage][f"eval_{split}"] = evaluate.evaluate_stage(config, workdir, stage, split)
   return results
+
+
+def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
+  """Trains one stage to its max_updates (resuming if interrupted); returns its summary."""
+  stage_dir = os.path.join(workdir, stage)
+  os.makedirs(stage_dir, exist_ok=True)
+  done_path = os.path.join(stage_dir, DONE)
+  primary = jax.process_index() == 0
+  logger = StageLogger(stage_dir, stage, primary)
+  log = logger.log
+  if processes.broadcast_int(os.path.exists(done_path)):      # process 0's view, agreed
+    with open(done_path, encoding="utf-8") as f:
+      summary = json.load(f)
+    log.info("stage %s already finished (%s): skipped", stage, done_path)
+    return summary
+  run, state = prepare_stage(config, stage, workdir, dp, logger)
+  step = int(state.step)
+  state = dp.replicate(state)
+  compile_clock.install()
+  phases_before, compile_before = compile_clock.by_phase(), compile_clock.seconds()
+  logger.start(step, run.stage_cfg.max_updates)
+  try:
+    with faults.StopRequest() as stop:      # a stop asked while compiling: after update 1
+      compile_programs(run, state)
+      step, state, early_stopped = _train_loop(run, state, step, stop)
+  finally:
+    run.iterator.close()
+    logger.close()
+  best = run.checkpoints.best()
+  wall_s = logger.elapsed()
+  phases = {k: v - phases_before[k] for k, v in compile_clock.by_phase().items()}
+  compile_s = compile_clock.seconds() - compile_before
+  summary = {"stage": stage, "updates": step, "early_stopped": early_stopped, "best_step": best,
+             "best_dev_loss": run.checkpoints.meta(best).get("dev_loss"),
+             "wall_s": round(wall_s, 1), "compile_s": round(compile_s, 1),
+             "compile_fraction": round(compile_s / max(wall_s, 1e-9), 3),
+             "compile_phases_s": {k: round(v, 1) for k, v in phases.items()}}
+  log.info("stage %s: %.0f s in the training loop, %.0f s of it compiling (%.0f%%: train and "
+           "dev steps per batch shape%s; tracing %.0f s, lowering %.0f s, XLA or the "
+           "persistent cache (train.compilation_cache) %.0f s)", stage, wall_s, compile_s,
+           100 * summary["compile_fraction"],
+           ", dev decoding" if run.dev_scorer is not None else "",
+           phases["trace"], phases["lower"], phases["compile"])
+  log.info("stage %s finished: parameter checksum %s (process %d of %d)", stage,
+           params_checksum(dp.unreplicate(state.params)), jax.process_index(),
+           jax.process_count())
+  if primary:
+    curve = curves.plot_learning_curve(stage_dir, stage)
+    if curve:
+      log.info("stage %s: learning curve in %s", stage, curve)
+    atomic.write_json(done_path, summary, indent=1)
+  return summary
+
+
+def _update(run: StageRun, state: TrainState) -> TrainState:
+  """One update: the stage's micro-batches (UpdatePlan.update_freq) through the train step."""
+  update_freq, logger = run.update.update_freq, run.logger
+  update_ids = []
+  for micro in range(update_freq):
+    waited = time.perf_counter()
+    batch = next(run.iterator)
+    logger.data_wait(time.perf_counter() - waited)
+    update_ids += [str(run.train_data.ids[i]) for i in batch["index"] if i >= 0]
+    last_micro = micro == update_freq - 1
+    state, metrics = run.train_step(state, run.dp.shard(batch), last_micro, micro == 0)
+    logger.accumulate(metrics, update_ids if last_micro else None)
+  return state
+
+
+def _evaluate_and_save(run: StageRun, state: TrainState, step: int):
+  """The dev loss (and with a dev scorer its WER or BLEU), logged, and a checkpoint."""
+  dev = evaluate_loss(run.eval_step, state, run.dev_batcher, run.dp)
+  scorer = run.dev_scorer
+  if scorer is not None:
+    dev.update(scorer(run.dp.unreplicate(state.params)))
+  run.logger.scalars(step, dev)
+  run.save(step, state, dev)
+  scored = "" if scorer is None else (
+      f", dev {scorer.metric.upper()} {dev[f'dev_{scorer.metric}']:.2f} (beam "
+      f"{scorer.beam}, {dev['dev_decode_s']:.0f} s)")
+  run.logger.log.info("step %d: dev loss %.4f, dev ppl %.2f%s; checkpoint saved", step,
+                      dev["dev_loss"], dev["dev_ppl"], scored)
+
+
+def _train_loop(run: StageRun, state: TrainState, step: int, stop: faults.StopRequest):
+  """Updates from `step` to the stage's max_updates, or to an early stop (train.
+  early_stop_patience evaluations without a better dev loss): logs, evaluates and checkpoints
+  on schedule; on a stop request saves a checkpoint after the current update and raises
+  Preempted. -> (step, state, early_stopped)."""
+  config, stage, scfg, log = run.config, run.stage, run.stage_cfg, run.logger.log
+  eval_every = resolved_eval_every(scfg, run.iterator.batcher, run.update.update_freq)
+  patience = config.train.early_stop_patience
+  while step < scfg.max_updates:
+    state = _update(run, state)
+    step += 1
+    if step % config.train.log_every == 0 or step == scfg.max_updates:
+      nonfinite = run.logger.flush(step)
+      if nonfinite >= config.train.max_consecutive_nonfinite:
+        raise FloatingPointError(
+            f"{nonfinite} consecutive updates had a non-finite loss or gradient (skipped); "
+            f"try a lower {stage}.lr, a longer warmup, model.dtype=float32, or check the "
+            f"data for corrupt features")
+    if step % eval_every == 0 or step == scfg.max_updates:
+      _evaluate_and_save(run, state, step)
+      if patience and step < scfg.max_updates:
+        stale = evaluations_without_improvement(run.checkpoints, step, eval_every)
+        if stale >= patience:
+          log.info("stage %s: early stop at update %d: no dev loss improvement for %d "
+                   "evaluations (train.early_stop_patience=%d), best at update %d", stage, step,
+                   stale, patience, run.checkpoints.best())
+          return step, state, True
+    faults.fault_point(f"{stage}.update", step)               # tests: killed after an update
+    if _stop_agreed(stop, step, config.train.log_every):
+      run.logger.flush(step)
+      run.save(step, state, {"dev_loss": None}, saved_on="SIGTERM")   # a no-op if saved here
+      raise faults.Preempted(stage, step)
+  return step, state, False
+
+
+def evaluations_without_improvement(checkpoints, step: int, eval_every: int) -> int:
+  """Evaluations since the best dev loss (fairseq's --patience counts them the same way):
+  from the saved checkpoints, so it survives a resume."""
+  best = checkpoints.best()
+  return 0 if best is None else (step - best) // eval_every
+
+
+def resolved_eval_every(stage_cfg, batcher: ip.Batcher, update_freq: int) -> int:
+  """{stage}.eval_every, with -1 = once per epoch of the training data (fairseq's default:
+  validate and save at every epoch end): the epoch's batches / update_freq updates."""
+  if stage_cfg.eval_every == -1:
+    return max(1, len(batcher.epoch_plan(0)) // update_freq)
+  return stage_cfg.eval_every
+
+
+def _stop_agreed(stop: faults.StopRequest, step: int, every: int) -> bool:
+  """Whether to stop after this update. With several processes they must stop at the same
+  update, so they agree (an all-gather of the flags) every `every` updates, when the loop
+  synchronises for logging anyway."""
+  if jax.process_count() == 1:
+    return stop.requested
+  if step % every:
+    return False
+  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
+  return bool(np.any(multihost_utils.process_allgather(np.array(stop.requested))))

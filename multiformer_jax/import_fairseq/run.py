@@ -28,7 +28,7 @@ from configs import default
 from data_prep import fairseq_data, vocab
 from data_prep.common import atomic, cli_errors
 from multiformer_jax.model import S2TModel
-from multiformer_jax.model.fairseq_import import (FairseqImportError, convert_state_dict,
+from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
                                                   load_fairseq_checkpoint,
                                                   model_config_from_fairseq)
 from multiformer_jax.model.model_config import ModelConfig
