@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any, Mapping
 
 from data_prep.common import packages
+from data_prep.common.settings import setting
 from data_prep.embedded import recorded, voices
 from data_prep.embedded.text import TEXT_SOURCES, bible
 
@@ -36,61 +37,55 @@ REAL_TEST_LANGUAGES = ("es", "de")
 ESPEAK_VOICE = {"en": "en-us", "de": "de", "es": "es", "fr": "fr", "it": "it", "pt": "pt"}
 
 
-def _setting(default, help_text: str, config_key: bool = True):
-  """A field: its default, its help and whether it is a config key too (else a flag alone)."""
-  return dataclasses.field(default=default, metadata={"help": help_text,
-                                                      "config_key": config_key})
-
-
 @dataclasses.dataclass(frozen=True)
 class CorpusSpec:
   """What one build of the embedded corpus is: every field a setting (see the module)."""
-  sources: tuple[str, ...] = _setting(
+  sources: tuple[str, ...] = setting(
       ("en",), f"source language(s): any of {', '.join(ESPEAK_VOICE)}")
-  target: str = _setting("de", "target language (the config key and --target take several, "
+  target: str = setting("de", "target language (the config key and --target take several, "
                                "comma-separated: one build each)")
-  seed: int = _setting(1, "the plan's seed: sentences, splits, speakers")
-  heldout_fraction: float = _setting(0.08, "share of the sentences for dev, and again for test",
+  seed: int = setting(1, "the plan's seed: sentences, splits, speakers")
+  heldout_fraction: float = setting(0.08, "share of the sentences for dev, and again for test",
                                      config_key=False)
-  train_speakers_per_sentence: int = _setting(2, "times each training sentence is spoken")
-  segments_per_talk: int = _setting(20, "segments per talk (one wav file)", config_key=False)
-  max_sentences: int = _setting(0, "sentences per direction; 0 = all", config_key=False)
-  max_heldout: int = _setting(0, "cap on dev and on test sentences; 0 = heldout_fraction's")
-  text: tuple[str, ...] = _setting(
+  train_speakers_per_sentence: int = setting(2, "times each training sentence is spoken")
+  segments_per_talk: int = setting(20, "segments per talk (one wav file)", config_key=False)
+  max_sentences: int = setting(0, "sentences per direction; 0 = all", config_key=False)
+  max_heldout: int = setting(0, "cap on dev and on test sentences; 0 = heldout_fraction's")
+  text: tuple[str, ...] = setting(
       ("catalogs",), f"text sources: any of {', '.join(TEXT_SOURCES)} (catalogs: message "
                      f"catalogs of PyPI wheels, every language; ding: ~15k German-English "
                      f"example sentences; bible: English-Spanish verses)")
-  bible_english: str = _setting("web", "text bible's English: web (World English Bible) | kjv")
-  bible_max_words: int = _setting(20, "text bible: the longest English verse kept, in words")
-  synthesizers: tuple[str, ...] = _setting(
+  bible_english: str = setting("web", "text bible's English: web (World English Bible) | kjv")
+  bible_max_words: int = setting(20, "text bible: the longest English verse kept, in words")
+  synthesizers: tuple[str, ...] = setting(
       ("espeak",), f"the training voices' synthesizers: espeak plus any of "
                    f"{', '.join(voices.ENGINES[1:])}")
-  unseen_synthesizer: str = _setting(
+  unseen_synthesizer: str = setting(
       "", f"build {UNSEEN_SYNTH_SPLIT}: tst-COMMON's sentences spoken by this synthesizer, one "
           f"of {', '.join(voices.ENGINES[1:])} that training does not use ('' = no such split)")
-  other_synthesizer_share: float = _setting(
+  other_synthesizer_share: float = setting(
       0.0, "share of the training utterances spoken by the synthesizers besides espeak (0: "
            "as their share of the training voices)")
-  recorded_train: tuple[str, ...] = _setting(
+  recorded_train: tuple[str, ...] = setting(
       (), "games whose recorded dialogue joins the ASR training as transcribed speech (an X-X "
           "pair): queen (Flight of the Amazon Queen, ~4,000 clips, ~2.7 h), uqm (The Ur-Quan "
           "Masters' 3DO voices, Debian non-free, ~4,200 utterances, ~10.9 h)")
-  uqm_share: float = _setting(
+  uqm_share: float = setting(
       1.0, "share of The Ur-Quan Masters' utterances that recorded_train=uqm trains on, drawn "
            "with the spec's seed")
-  spoken_dialogue: tuple[str, ...] = _setting(
+  spoken_dialogue: tuple[str, ...] = setting(
       (), "games whose dialogue text the training voices read into the ASR training (an X-X "
           "pair, transcripts only; the speech is synthetic): queen (its linked lines), sky "
           "(its lines that no real split holds)")
-  real_test: str = _setting(
+  real_test: str = setting(
       "", f"build {' and '.join(REAL_SPLITS)} (and {NARROWBAND_SPLIT}): recorded lines of sky "
           f"(Beneath a Steel Sky) against its {'/'.join(REAL_TEST_LANGUAGES)} subtitles ('' = "
           f"none)")
-  real_heldout: int = _setting(300, f"lines in each of {' and '.join(REAL_SPLITS)}")
-  narrowband_share: float = _setting(
+  real_heldout: int = setting(300, f"lines in each of {' and '.join(REAL_SPLITS)}")
+  narrowband_share: float = setting(
       0.0, "share of the synthetic training talks band-limited to the games' 5.5 kHz (their "
            "11,025 Hz sampling), so that bandwidth tells the model nothing")
-  cache_root: str = _setting(
+  cache_root: str = setting(
       "", "where fetched packages are kept ('' = data_prep.common.packages.cache_root())",
       config_key=False)
 

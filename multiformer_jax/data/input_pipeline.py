@@ -48,6 +48,8 @@ from typing import Iterator
 import numpy as np
 
 from data_prep import features as features_lib
+from data_prep.common import settings
+from data_prep.common.settings import setting
 from data_prep import fairseq_data, feature_store, index_io, vocab
 from multiformer_jax.data import native_cmvn
 from multiformer_jax.data.workers import SlotPool, WorkerPool, batch_bytes
@@ -55,11 +57,6 @@ from multiformer_jax.data.workers import SlotPool, WorkerPool, batch_bytes
 CMVN_MODES = ("utterance", "global", "none")
 TASKS = ("asr", "st")
 TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
-
-
-def setting(default, help_text: str):
-  """A field that is also the config key data.<field> (configs/default.py reads it here)."""
-  return dataclasses.field(default=default, metadata={"help": help_text, "setting": True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +105,7 @@ class PipelineConfig:
 
 def config_defaults() -> dict:
   """{field: default} of PipelineConfig's settings: configs/default.py's data.<field> keys."""
-  return {f.name: f.default for f in dataclasses.fields(PipelineConfig)
-          if f.metadata.get("setting")}
+  return settings.config_defaults(PipelineConfig)
 
 
 def batch_tasks(batch):

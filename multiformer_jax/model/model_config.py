@@ -14,6 +14,8 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
+from data_prep.common import settings
+from data_prep.common.settings import setting
 from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.fused import IMPLEMENTATIONS
@@ -37,15 +39,10 @@ class ConfigError(ValueError):
   """A model config value that cannot be used, naming the key and what is valid."""
 
 
-def setting(default, help_text: str):
-  """A field a config sets (configs/default.py's model.* keys come from these)."""
-  return dataclasses.field(default=default, metadata={"help": help_text, "setting": True})
-
-
 def derived(default, help_text: str):
   """A field set from the prepared data or the stage (experiment.model_config_for), never
   a config key."""
-  return dataclasses.field(default=default, metadata={"help": help_text, "setting": False})
+  return setting(default, help_text, config_key=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,9 +290,6 @@ def _resolve(value: int, cpu_value: int) -> int:
   return cpu_value if jax.default_backend() == "cpu" else 0
 
 
-SETTINGS = tuple(f.name for f in dataclasses.fields(ModelConfig) if f.metadata["setting"])
-
-
 def config_defaults() -> dict[str, Any]:
   """{field: default} of the fields a config sets: configs/default.py's model.* keys."""
-  return {f.name: f.default for f in dataclasses.fields(ModelConfig) if f.metadata["setting"]}
+  return settings.config_defaults(ModelConfig)
