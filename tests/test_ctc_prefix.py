@@ -181,10 +181,11 @@ def test_ctc_removes_the_attention_decoders_repetitions():
 
 
 def tiny_model():
-  cfg = ModelConfig(vocab_size=12, input_dim=8, d_model=16, ffn_dim=32, encoder_layers=1,
-                    decoder_layers=1, encoder_layout="1x(4*full)", conv_kernels=(3,),
-                    conv_strides=(2,), conv_channels=16, dropout=0.0, attention_dropout=0.0,
-                    activation_dropout=0.0, max_target_positions=32, ctc_head=True)
+  cfg = ModelConfig(dtype="float32", vocab_size=12, input_dim=8, d_model=16, ffn_dim=32,
+                    encoder_layers=1, decoder_layers=1, encoder_layout="1x(4*full)",
+                    conv_kernels=(3,), conv_strides=(2,), conv_channels=16, dropout=0.0,
+                    attention_dropout=0.0, activation_dropout=0.0, max_target_positions=32,
+                    ctc_head=True)
   model = S2TModel(cfg)
   return model, init_params(model, jax.random.PRNGKey(3))
 

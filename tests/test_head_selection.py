@@ -19,7 +19,8 @@ from tests.test_model import tiny_model_factory
 RNG = np.random.default_rng(0)
 
 # 2 of 4 candidates per layer, every head kind among them; 3 tasks.
-TINY = dict(vocab_size=29, input_dim=8, d_model=16, ffn_dim=24, encoder_layers=2,
+TINY = dict(dtype="float32",      # the numpy references are float32, on every backend
+            vocab_size=29, input_dim=8, d_model=16, ffn_dim=24, encoder_layers=2,
             decoder_layers=2, encoder_heads=2, decoder_heads=2, conv_channels=8,
             encoder_layout="2x(1*full+1*local(3)+1*conv(3,2)+1*kernel(8))",
             encoder_candidates=4, decoder_candidates=4, num_tasks=3, task_tag="source_lang",

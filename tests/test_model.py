@@ -13,7 +13,8 @@ from multiformer_jax.model.subsampler import Conv1dSubsampler
 
 RNG = np.random.default_rng(0)
 
-TINY = dict(vocab_size=37, input_dim=12, d_model=32, ffn_dim=48, encoder_layers=3,
+TINY = dict(dtype="float32",      # the numpy references are float32, on every backend
+            vocab_size=37, input_dim=12, d_model=32, ffn_dim=48, encoder_layers=3,
             decoder_layers=2, encoder_heads=4, decoder_heads=2, conv_channels=24,
             encoder_layout="1x(4*full) 1x(1*local(5)+1*kernel(16)+2*conv(5,2)) "
                            "1x(2*local(3,2)+2*conv(3,1,separable))",

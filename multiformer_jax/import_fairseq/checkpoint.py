@@ -60,6 +60,7 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
       attention_dropout=float(_arg(args, "attention_dropout", 0.1)),
       activation_dropout=float(_arg(args, "activation_dropout", 0.1)),
       qkv_bias=True,
+      dtype="float32",     # fairseq's outputs, on every backend (fairseq evaluates in float32)
   )
   if int(_arg(args, "decoder_ffn_embed_dim", values["ffn_dim"])) != values["ffn_dim"]:
     raise FairseqImportError("encoder and decoder FFN widths differ; this model uses one ffn_dim")
