@@ -47,8 +47,8 @@ def create_state(model: S2TModel, tx, key) -> TrainState:
 
 
 class Programs:
-  """A step function compiled once per shape of its arguments, ahead of use where `compile`
-  is given their specs (jax.ShapeDtypeStruct), else on first call."""
+  """A step function compiled once per shape of its arguments, ahead of use where `lower` and `keep`
+  are given their specs (jax.ShapeDtypeStruct), else on first call."""
 
   def __init__(self, function, name: str, call_compiled: bool = True):
     self.function, self.name, self.call_compiled = function, name, call_compiled
@@ -70,14 +70,6 @@ class Programs:
     XLA releases the GIL while it compiles, so several can run in threads."""
     executable = lowered.compile()
     self.compiled[self.key(specs)] = executable if self.call_compiled else self.function
-
-  def compile(self, state, *specs):
-    """Compiles for (state, *specs) unless already compiled; -> whether it compiled."""
-    lowered = self.lower(state, *specs)
-    if lowered is None:
-      return False
-    self.keep(specs, lowered)
-    return True
 
   def __call__(self, state, *args):
     key = self.key(args)
