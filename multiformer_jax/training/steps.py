@@ -47,8 +47,8 @@ def create_state(model: S2TModel, tx, key) -> TrainState:
 
 
 class Programs:
-  """A step function compiled once per shape of its arguments, ahead of use where `lower` and `keep`
-  are given their specs (jax.ShapeDtypeStruct), else on first call."""
+  """A step function compiled once per shape of its arguments: ahead of use where `lower` and
+  `keep` are given their specs (jax.ShapeDtypeStruct), else on first call."""
 
   def __init__(self, function, name: str, call_compiled: bool = True):
     self.function, self.name, self.call_compiled = function, name, call_compiled
