@@ -37,10 +37,10 @@ RECIPE = {"lr": 2e-3, "warmup_updates": 100, "clip_norm": 10.0}   # both trainer
 
 
 def write_batches(prepared: str, updates: int, max_frames: int, path: str) -> int:
-  config = ip.PipelineConfig(prepared, task="asr", max_frames=max_frames, num_buckets=4,
+  config = ip.PipelineConfig(prepared, stage="asr", max_frames=max_frames, num_buckets=4,
                              cmvn="utterance", specaugment=False, seed=1)
   batcher = ip.Batcher(ip.SplitData(config, "train"), True)
-  out = {"count": updates, "vocab": ip.task_vocabulary(prepared, "asr").size}
+  out = {"count": updates, "vocab": ip.stage_vocabulary(prepared, "asr").size}
   with ip.TrainIterator(batcher) as iterator:
     for i in range(updates):
       batch = next(iterator)

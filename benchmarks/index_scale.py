@@ -166,7 +166,7 @@ elif what == "index":
   fairseq_data.write_index({root!r}, directory)
 else:
   from multiformer_jax.data import input_pipeline as ip
-  data = ip.SplitData(ip.PipelineConfig(directory, task=task, specaugment=False,
+  data = ip.SplitData(ip.PipelineConfig(directory, stage=task, specaugment=False,
                                         max_frames=40000), "train")
   batcher = ip.Batcher(data, train=True)
   plan = batcher.epoch_plan(0)
@@ -178,7 +178,7 @@ print(json.dumps({{"seconds": round(seconds, 1), "peak_rss_mib": round(peak / 10
 
 
 def measure(what: str, directory: str, task: str = "", root: str = "") -> dict:
-  code = MEASURE.format(repo=os.path.dirname(HERE), what=what, directory=directory, task=task,
+  code = MEASURE.format(repo=os.path.dirname(HERE), what=what, directory=directory, stage=task,
                         root=root)
   out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                        text=True).stdout

@@ -198,14 +198,14 @@ def main(argv=None):
     results.add(kind="corpus", **sizes["train"], write_s=round(time.time() - start, 1),
                 features_written=not args.padding_only)
   for token_buckets in (1, 2, 4, 6, 8):
-    config = ip.PipelineConfig(args.corpus_dir, task="st", max_frames=args.max_frames,
+    config = ip.PipelineConfig(args.corpus_dir, stage="st", max_frames=args.max_frames,
                                num_buckets=8, num_token_buckets=token_buckets, seed=1)
     results.add(kind="padding", num_buckets=8, num_token_buckets=token_buckets,
                 **padding(ip.Batcher(ip.SplitData(config, "train"), True)))
   if args.padding_only:
     shutil.rmtree(args.corpus_dir, ignore_errors=True)
     return
-  config = ip.PipelineConfig(args.corpus_dir, task="st", max_frames=args.max_frames,
+  config = ip.PipelineConfig(args.corpus_dir, stage="st", max_frames=args.max_frames,
                              num_buckets=8, seed=1, cmvn="utterance", specaugment=True)
   batcher = ip.Batcher(ip.SplitData(config, "train"), True)
   plan = batcher.epoch_plan(0)

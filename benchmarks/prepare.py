@@ -98,7 +98,7 @@ def directory_bytes(path: str) -> int:
 
 def time_pipeline(prepared: str, workers: int, batches: int) -> dict:
   from multiformer_jax.data import input_pipeline as ip  # pylint: disable=import-outside-toplevel
-  config = ip.PipelineConfig(prepared, task="st", max_frames=20000, num_buckets=4, seed=1)
+  config = ip.PipelineConfig(prepared, stage="st", max_frames=20000, num_buckets=4, seed=1)
   batcher = ip.Batcher(ip.SplitData(config, "train"), True)
   with ip.TrainIterator(batcher, workers=workers, prefetch=2 * max(workers, 1)) as iterator:
     next(iterator)                                   # workers started, data source opened

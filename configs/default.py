@@ -81,33 +81,33 @@ def get_config(arg=None):
   t.selection_lr_multiplier = 1.0   # learning rate of the selection logits / the model's (1 = ref.)
   t.compilation_cache = "~/.cache/multiformer_jax/jax"   # persistent XLA cache; "" = off
 
-  # --- the two stages ----------------------------------------------------------------------
+  # --- the stages ----------------------------------------------------------------------------
   config.asr = stage_config(lr=1e-3)
   config.st = stage_config(lr=2e-3)
   # ST stage: initialise the encoder from the ASR stage's latest | best | average | around_best
   # checkpoint, averaging as evaluation does (eval.average_last, eval.average_around_best).
   config.st.encoder_init = "average"
-  config.st.decoder_init = ""  # "mt": start the ST decoder from the text stage's (below)
-  # "mt": the text stage's encoder stacked on the speech encoder, reading the distribution of
+  config.st.decoder_init = ""  # "mt": start the ST decoder from the MT stage's (below)
+  # "mt": the MT stage's encoder stacked on the speech encoder, reading the distribution of
   # the ST stage's CTC head over the source pieces (SATE's adaptor; needs st.ctc_weight > 0)
   config.st.text_encoder = ""
 
-  # --- the text stage (only with st.decoder_init="mt" or st.text_encoder="mt"): a text-to-text
-  # model on the corpus's (transcript, translation) pairs whose decoder starts the ST stage's
-  # (fairseq's MT recipe) and whose encoder the ST stage can stack on its speech encoder
-  mt = config.mt = ml_collections.ConfigDict()
-  mt.lr = 5e-4
-  mt.lr_scheduler = "inverse_sqrt"   # or "polynomial_decay", as the stages
+  # The MT stage, run before ST where st.decoder_init or st.text_encoder is "mt": an MT model
+  # on the corpus's (transcript, translation) pairs whose decoder starts the ST stage's
+  # (fairseq's MT recipe) and whose encoder the ST stage can stack on its speech encoder. The
+  # ST stage reads its best checkpoint by dev loss; mt.pairs and mt.ctc_weight stay unset (the
+  # ST stage's pairs; no CTC head).
+  mt = config.mt = stage_config(lr=5e-4)
   mt.warmup_updates = 4000
   mt.max_updates = 20000
-  mt.batch = 128               # sentence pairs per update
+  mt.update_freq = 1           # batches of mt.batch pairs per update
+  mt.batch = 128               # sentence pairs per batch
   mt.length = 0                # pieces per side (longer sides cut); 0 = the training pairs'
                                # 99th percentile, at most 128
   mt.num_buckets = 3           # batch widths (length quantiles), one compiled update each
   mt.encoder_layers = 3        # full-attention text encoder (the model's width and heads)
   mt.dropout = 0.3
-  mt.eval_every = 1000         # updates between dev perplexities (the best parameters are kept)
-  mt.score_dev = True          # dev BLEU of the kept parameters at the end (beam mt.beam)
+  mt.score_dev = True          # dev BLEU at every evaluation (beam mt.beam)
   mt.beam = 5
   mt.text_only = False         # also train on the prepared text without speech (prepare's
                                # text_only: the embedded corpus's game lines not held out)

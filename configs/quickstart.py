@@ -5,9 +5,9 @@ Builds the embedded English->Spanish corpus (Bible verses, World English Bible a
 Reina-Valera 1909, spoken by espeak-ng and flite voices; Flight of the Amazon Queen's recorded
 dialogue for ASR, and both games' dialogue text read by the same voices; Beneath a Steel Sky's
 recorded lines and Spanish subtitles held out), prepares
-it, trains the ASR stage (hybrid CTC/attention), a text model on the corpus's pairs and the
+it, trains the ASR stage (hybrid CTC/attention), an MT model on the corpus's pairs and the
 second game's other lines whose decoder and encoder start the ST stage's, and the ST stage (the
-ASR encoder with a CTC loss on the source transcript, the text model's encoder stacked on it),
+ASR encoder with a CTC loss on the source transcript, the MT model's encoder stacked on it),
 then evaluates both on held-out speakers and sentences (tst-COMMON, and band-limited as the
 games' audio: tst-COMMON-5k), on tst-COMMON's sentences spoken by a synthesizer no training
 utterance uses (festival: tst-unseen-synth) and on the second game's cast (dev-real,
@@ -29,7 +29,7 @@ UPDATES = {"asr": 11000, "st": 4300}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
 LONG_UPDATES = {"asr": 16000, "st": 7000}    # `:long`: under an hour
 LONG_EVAL_EVERY = 2000
-MT_UPDATES = 1000                            # the text stage's, 64 sentence pairs each
+MT_UPDATES = 1000                            # the MT stage's, 64 sentence pairs each
 
 
 def get_config(arg=None):
@@ -78,7 +78,7 @@ def get_config(arg=None):
   config.st.ctc_weight = 0.3                 # CTC on the source transcript (ESPnet-ST)
   config.st.encoder_init = "best"
   config.st.frozen = "encoder/subsample"     # no backward through it: 1.2x the ST updates
-  config.st.decoder_init = "mt"              # the ST decoder starts from the text model's
+  config.st.decoder_init = "mt"              # the ST decoder starts from the MT model's
   config.st.text_encoder = "mt"              # its encoder stacked on the speech encoder (SATE)
   mt = config.mt
   mt.lr, mt.lr_scheduler, mt.warmup_updates = 3e-3, "polynomial_decay", 100
@@ -112,7 +112,7 @@ def long(config):
 
 def ding(config):
   """English->German: the Ding dictionary's example sentences and the message catalogs (15500 /
-  300 / 300 segments), espeak-ng voices only, no tst-unseen-synth, no ST CTC and no text stage:
+  300 / 300 segments), espeak-ng voices only, no tst-unseen-synth, no ST CTC and no MT stage:
   the main job before the Bible corpus. Combine with long: `:ding,long`."""
   d = config.data
   d.pairs = "en-de"

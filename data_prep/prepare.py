@@ -287,7 +287,7 @@ def copy_text_only(root: str, pairs: list[str], out: str) -> dict[str, list[str]
   """Parallel text without speech that a MuST-C-style root holds beside a pair's splits
   ({root}/{pair}/text/{name}.{src} and .{tgt}, line by line) -> copied to
   {out}/text/{pair}/; returns {pair: [names]}. Nothing trains on it unless a setting asks
-  (mt.text_only: the text stage)."""
+  (mt.text_only: the MT stage)."""
   found = {}
   for pair in pairs:
     src, tgt = corpora.split_pair(pair)

@@ -18,8 +18,8 @@ dropout, batch order) in WORKDIR/NAME/seed{k}, and the table adds a row with the
 standard deviation over the seeds (the locality paper's Table 2 reports 5 seeds so); a
 `windows(NAME)` entry analyses NAME's run of the same seed. `--jobs J` runs J seeds of an
 entry at once, each pinned to its share of the CPUs (its log in WORKDIR/NAME/seed{k}/run.log).
-`--share_stages mt` lets later entries reuse the first entry's finished text stage of the same
-seed (the text model does not depend on the encoder). `--splits` reports those evaluation
+`--share_stages mt` lets later entries reuse the first entry's finished MT stage of the same
+seed (the MT model does not depend on the encoder). `--splits` reports those evaluation
 splits side by side (ASR WER, ST BLEU and chrF each); the table also carries each run's last
 dev WER / BLEU (eval.score_dev) and its median seconds per update of each stage, and
 WORKDIR/scores_vs_time.png draws each entry's scores (mean ± std) against those seconds.

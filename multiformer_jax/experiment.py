@@ -67,13 +67,13 @@ def update_plan(config, stage: str, devices: int | None = None) -> UpdatePlan:
   return UpdatePlan(step_frames, d.frames_per_update // step_frames, devices)
 
 
-def pipeline_config(config, task: str, split_kind: str = "train") -> ip.PipelineConfig:
-  """The pipeline of stage `task` for a split of `split_kind` (train, dev or test): training
+def pipeline_config(config, stage: str, split_kind: str = "train") -> ip.PipelineConfig:
+  """The pipeline of `stage` for a split of `split_kind` (train, dev or test): training
   and dev batches are the stage's micro-batches (update_plan), test batches eval.*'s."""
   d = config.data
   return ip.PipelineConfig(
-      prepared_dir=d.prepared_dir, task=task,
-      max_frames=(update_plan(config, task).batch_frames if split_kind != "test"
+      prepared_dir=d.prepared_dir, stage=stage,
+      max_frames=(update_plan(config, stage).batch_frames if split_kind != "test"
                   else config.eval.batch_frames),
       num_buckets=d.num_buckets if split_kind != "test" else config.eval.num_buckets,
       num_token_buckets=d.num_token_buckets if split_kind == "train" else 1,
@@ -81,8 +81,8 @@ def pipeline_config(config, task: str, split_kind: str = "train") -> ip.Pipeline
       max_target_tokens=config.model.max_target_positions - 1, cmvn=d.cmvn,
       specaugment=d.specaugment and split_kind == "train",
       specaugment_policy=d.specaugment_policy,
-      seed=d.seed, source_ctc=task == "st" and stage_ctc_weight(config, "st") > 0,
-      target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, task))
+      seed=d.seed, source_ctc=stage == "st" and stage_ctc_weight(config, "st") > 0,
+      target_lang_tag=d.target_lang_tag, pairs=stage_pairs(config, stage))
 
 
 def stack_task_field(tag: str, stage: str) -> str:
@@ -178,13 +178,36 @@ def source_ctc_vocab_size(config) -> int:
 
 
 def stacks_text_encoder(config) -> bool:
-  """Whether the ST model stacks the text stage's encoder on its speech encoder
+  """Whether the ST model stacks the MT stage's encoder on its speech encoder
   (st.text_encoder="mt"; model/stacked.py)."""
   return "st" in config and config.st.text_encoder == "mt"
 
 
+MT_STAGE = "mt"
+
+
+def st_decoder_from_mt(config) -> bool:
+  """Whether the ST stage starts its decoder from the MT stage's (st.decoder_init="mt")."""
+  return "st" in config.train.stages and config.st.decoder_init == MT_STAGE
+
+
+def st_encoder_from_mt(config) -> bool:
+  """Whether a trained ST stage stacks the MT stage's encoder on its speech encoder."""
+  return "st" in config.train.stages and stacks_text_encoder(config)
+
+
+def stages_run(config) -> tuple[str, ...]:
+  """The stages a run trains, in order: train.stages, with the MT stage before ST where the
+  ST stage starts its decoder or stacked text encoder from it."""
+  stages = tuple(config.train.stages)
+  if not (st_decoder_from_mt(config) or st_encoder_from_mt(config)):
+    return stages
+  at = stages.index("st")
+  return stages[:at] + (MT_STAGE,) + stages[at:]
+
+
 def stacked_text_layers(config) -> int:
-  """The ST model's stacked text encoder's layers: the text stage's, where it stacks one."""
+  """The ST model's stacked text encoder's layers: the MT stage's, where it stacks one."""
   return int(config.mt.encoder_layers) if stacks_text_encoder(config) else 0
 
 

@@ -91,7 +91,7 @@ def test_variants_windows_shared_stages_and_splits(tmp_path, monkeypatch):
     os.makedirs(os.path.join(workdir, "windows"))
     return os.path.join(workdir, "windows", "config.py")
   monkeypatch.setattr(ablate, "windows_config", fake_analysis)
-  # The first entry's text stage of seed 1 exists: later entries of seed 1 start with a copy.
+  # The first entry's MT stage of seed 1 exists: later entries of seed 1 start with a copy.
   os.makedirs(tmp_path / "full" / "seed1" / "mt")
   (tmp_path / "full" / "seed1" / "mt" / "DONE.json").write_text("{}")
   ablate.main(["--configs", "configs/layouts.py:full,windows(full)", "--workdir",

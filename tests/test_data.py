@@ -162,7 +162,7 @@ def test_preparation_is_resumable_and_complete(prepared, monkeypatch):
 
 
 def _pipeline(out, split="train", train=True, max_frames=1200, multiple=2, **kw):
-  config = ip.PipelineConfig(out, task="st", max_frames=max_frames, num_buckets=4, **kw)
+  config = ip.PipelineConfig(out, stage="st", max_frames=max_frames, num_buckets=4, **kw)
   return ip.Batcher(ip.SplitData(config, split), train, multiple)
 
 
@@ -254,7 +254,7 @@ def test_evaluation_sees_every_utterance_once(prepared):
 
 def test_processes_take_disjoint_slices_of_each_global_batch(prepared):
   _, out = prepared
-  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4)
+  config = ip.PipelineConfig(out, stage="st", max_frames=1200, num_buckets=4)
   data = ip.SplitData(config, "train")
   batchers = [ip.Batcher(data, True, 1, p, 2) for p in range(2)]
   bucket, indices = batchers[0].epoch_plan(0)[0]
@@ -265,7 +265,7 @@ def test_processes_take_disjoint_slices_of_each_global_batch(prepared):
 def test_training_batches_apply_the_configured_specaugment_policy(prepared):
   _, out = prepared
   policy = "ss,time_mask_p=0.5"
-  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4,
+  config = ip.PipelineConfig(out, stage="st", max_frames=1200, num_buckets=4,
                              specaugment_policy=policy, seed=4)
   data = ip.SplitData(config, "train")
   batcher = ip.Batcher(data, True, 1, 0, 1)

@@ -146,7 +146,7 @@ def test_a_full_disk_says_what_to_do_and_keeps_the_finished_work(prepared, tmp_p
 
 
 def _batcher(out):
-  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4, seed=3)
+  config = ip.PipelineConfig(out, stage="st", max_frames=1200, num_buckets=4, seed=3)
   return ip.Batcher(ip.SplitData(config, "train"), True, 2)
 
 

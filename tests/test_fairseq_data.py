@@ -58,7 +58,7 @@ def write_fairseq_root(prepared_dir: str, root: str, splits=("train", "dev")):
   rows = {}
   with zipfile.ZipFile(os.path.join(root, "fbank80.zip"), "w", zipfile.ZIP_STORED) as z:
     for split in splits:
-      data = ip.SplitData(ip.PipelineConfig(prepared_dir, task="st"), split)
+      data = ip.SplitData(ip.PipelineConfig(prepared_dir, stage="st"), split)
       index = index_io.load(os.path.join(prepared_dir, "index", f"{split}.npz"))
       rows[split] = []
       for i in range(len(data)):
@@ -115,8 +115,8 @@ def test_rows_and_features_read_back_exactly(prepared, fairseq_root):
                      "time_mask_p=1.0", "prepend_tgt_lang_tag": False}
   assert not os.path.exists(os.path.join(index_dir, "tfds"))      # nothing copied
   for task in ("asr", "st"):
-    ours = ip.SplitData(ip.PipelineConfig(prepared_dir, task=task, specaugment=False), "dev")
-    theirs = ip.SplitData(ip.PipelineConfig(index_dir, task=task, specaugment=False), "dev")
+    ours = ip.SplitData(ip.PipelineConfig(prepared_dir, stage=task, specaugment=False), "dev")
+    theirs = ip.SplitData(ip.PipelineConfig(index_dir, stage=task, specaugment=False), "dev")
     assert isinstance(theirs.vocab, vocab.DictionaryVocabulary)
     assert list(theirs.ids) == list(ours.ids)
     np.testing.assert_array_equal(theirs.n_frames, ours.n_frames)
@@ -233,6 +233,6 @@ def test_bad_roots_and_rows_are_refused_or_counted(fairseq_root, tmp_path):
 def test_a_config_that_disagrees_with_the_yaml_is_refused(fairseq_root):
   _, index_dir, _, _ = fairseq_root
   with pytest.raises(ValueError, match="set --config.data.cmvn=utterance"):
-    ip.SplitData(ip.PipelineConfig(index_dir, task="st", cmvn="global"), "train")
+    ip.SplitData(ip.PipelineConfig(index_dir, stage="st", cmvn="global"), "train")
   with pytest.raises(ValueError, match="set --config.data.specaugment_policy=lb,freq_mask_n=1"):
-    ip.SplitData(ip.PipelineConfig(index_dir, task="st", specaugment_policy="sm"), "train")
+    ip.SplitData(ip.PipelineConfig(index_dir, stage="st", specaugment_policy="sm"), "train")

@@ -237,7 +237,8 @@ def test_the_selection_logits_can_have_a_learning_rate_of_their_own():
     cfg = ml_collections.ConfigDict(dict(clip_norm=1e9, adam_b1=0.9, adam_b2=0.98,
                                          adam_eps=1e-8, selection_lr_multiplier=multiplier))
     tx, _ = optimizer.make_optimizer(cfg, ml_collections.ConfigDict(
-        dict(lr=1e-3, lr_scheduler="inverse_sqrt", warmup_updates=0)))
+        dict(lr=1e-3, lr_scheduler="inverse_sqrt", warmup_updates=0, train_only="",
+             frozen="")))
     updates, _ = tx.update(grads, tx.init(params), params)
     steps[multiplier] = updates
   np.testing.assert_allclose(steps[20.0]["encoder"]["head_selector"]["logits"],

@@ -75,7 +75,7 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
     through_run = f.read().split("\n")[:-1]
   # Directly: the fixture's parameters converted in memory, the same search.
   model_config, params, _ = import_fairseq.load_checkpoint(FIXTURE)
-  data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], task="st", specaugment=False,
+  data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], stage="st", specaugment=False,
                                         max_frames=150), "dev")
   translate = inference.make_translate_for(S2TModel(model_config), config.eval)
   direct = inference.decode_split(params, ip.Batcher(data, False), translate, progress=False)

@@ -50,7 +50,7 @@ def reference_batch(batcher: ip.Batcher, bucket_id: int, indices, epoch: int) ->
 
 
 def _batcher(out, cmvn="utterance", seed=3):
-  config = ip.PipelineConfig(out, task="st", max_frames=1200, num_buckets=4, seed=seed,
+  config = ip.PipelineConfig(out, stage="st", max_frames=1200, num_buckets=4, seed=seed,
                              cmvn=cmvn)
   return ip.Batcher(ip.SplitData(config, "train"), True, 2)
 
@@ -136,8 +136,8 @@ def test_the_earlier_format_is_refused_with_its_command_and_converts_to_the_same
   for b, indices in new.epoch_plan(1)[:6]:
     _assert_same(converted.assemble(b, indices, 1), new.assemble(b, indices, 1))
   for split in ("train", "dev"):
-    a = ip.SplitData(ip.PipelineConfig(old, task="asr"), split)
-    b = ip.SplitData(ip.PipelineConfig(prepared[1], task="asr"), split)
+    a = ip.SplitData(ip.PipelineConfig(old, stage="asr"), split)
+    b = ip.SplitData(ip.PipelineConfig(prepared[1], stage="asr"), split)
     for i in range(len(a)):
       np.testing.assert_array_equal(a.fbank(i), b.fbank(i))
 

@@ -496,11 +496,12 @@ def test_train_only_pairs_join_the_asr_training_and_nothing_else(tmp_path):
   assert pairs("asr", "train") == ["en-en", "en-es"]
   assert pairs("st", "train") == ["en-es"]
   assert pairs("asr", "dev") == pairs("st", "dev") == ["en-es"]
-  # The text stage may train on it: more pairs, target side in the ST vocabulary.
-  from multiformer_jax.training import text_stage
-  data = text_stage.split_data(config, "train")
-  pairs = text_stage.text_pairs(data, 48)
-  more = text_stage.with_text_only(pairs, data, 48)
+  # The MT stage may train on it: more pairs, target side in the ST vocabulary.
+  from multiformer_jax.data import text_pairs as tp
+  from multiformer_jax.training import mt_stage
+  data = mt_stage.split_data(config, "train")
+  pairs = tp.text_pairs(data, 48)
+  more = tp.with_text_only(pairs, data)
   assert len(more) == len(pairs) + 2
   assert more.references[-2:] == ["paso de cebra", "la cebra habla"]
   tokens = data.vocab.encode("la cebra habla")

@@ -1,6 +1,6 @@
 """The text encoder stacked on the speech encoder (model/stacked.py, st.text_encoder="mt"): fed a
-one-hot CTC distribution it is the text model's encoder, the stacked model keeps padding
-invariance and cached decoding, and the ST stage starts it from the text stage."""
+one-hot CTC distribution it is the MT model's encoder, the stacked model keeps padding
+invariance and cached decoding, and the ST stage starts it from the MT stage."""
 
 import flax
 import jax
@@ -11,14 +11,14 @@ import pytest
 from multiformer_jax import ConfigError, ModelConfig, experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.model.stacked import StackedTextEncoder, text_layers_config
-from multiformer_jax.model.text_model import TextToText
-from multiformer_jax.training import text_stage, train
+from multiformer_jax.model.mt_model import MTModel
+from multiformer_jax.training import train
 from multiformer_jax import model as model_lib
 from multiformer_jax.training import optimizer
 from multiformer_jax.training import transfer
 from tests.test_model import (TINY, assert_cached_decoding_equals_teacher_forcing,
                               assert_encoder_padding_invariant, tiny_model_factory)
-from tests.test_text_stage import LOG, text_config
+from tests.test_mt_stage import LOG, mt_config
 
 RNG = np.random.default_rng(3)
 PIECES = 11                                # the source (ASR) vocabulary; id 0 is CTC's blank
@@ -41,7 +41,7 @@ def test_fed_a_one_hot_distribution_it_is_the_text_models_encoder():
   config = ModelConfig(**{**TINY, **STACKED})
   source = jnp.asarray([[5, 7, 3, 9, 2], [4, 8, 2, 1, 1]], jnp.int32)    # EOS 2, PAD 1
   mask = source != 1
-  text = TextToText(text_layers_config(config, 2, 0.0), PIECES)
+  text = MTModel(text_layers_config(config, 2, 0.0), PIECES)
   text_params = text.init(jax.random.PRNGKey(1), source, source)["params"]
   expected, _ = text.apply({"params": text_params}, source, method=text.encode)
   stacked = StackedTextEncoder(config)
@@ -79,20 +79,20 @@ def test_a_stacked_text_encoder_needs_a_ctc_head():
     ModelConfig(**{**TINY, "text_encoder_layers": 2})
 
 
-def test_the_st_stage_starts_the_stack_from_the_text_stages_encoder(prepared, tmp_path):
+def test_the_st_stage_starts_the_stack_from_the_mt_stages_encoder(prepared, tmp_path):
   _, prepared_dir = prepared
-  config = text_config(prepared_dir)
+  config = mt_config(prepared_dir)
   config.st.text_encoder = "mt"
   config.st.max_updates = 2
   workdir = str(tmp_path)
   results = train.train_and_evaluate(config, workdir)
   assert results["st"]["train"]["updates"] == 2
-  text = text_stage.read_params(workdir)
+  text, _ = transfer.read_mt_params(workdir)
   data = ip.SplitData(experiment.pipeline_config(config, "st"), "train")
   model = model_lib.S2TModel(experiment.model_config_for(config, data.vocab.size, None, "st"))
   assert model.config.text_encoder_layers == config.mt.encoder_layers == 1
   fresh = model_lib.init_params(model, jax.random.PRNGKey(1))
-  carried = optimizer.flat_params(transfer.carry_from_text_stage(       # pylint: disable=protected-access
+  carried = optimizer.flat_params(transfer.carry_from_mt_stage(       # pylint: disable=protected-access
       fresh, workdir, LOG, decoder=True, encoder=True))
   flat_text = flax.traverse_util.flatten_dict(text, sep="/")
   for name, value in flat_text.items():
@@ -111,7 +111,7 @@ def test_the_st_stage_starts_the_stack_from_the_text_stages_encoder(prepared, tm
 def test_stacked_settings_that_cannot_work_are_refused_before_training(prepared, tmp_path,
                                                                        change, message):
   _, prepared_dir = prepared
-  config = text_config(prepared_dir)
+  config = mt_config(prepared_dir)
   config.st.text_encoder = "mt"
   change(config)
   with pytest.raises(ValueError, match=message):

@@ -368,7 +368,7 @@ def _dialogue_lines(spec: CorpusSpec) -> list[tuple[str, str]]:
 
 def _write_text_only(root: str, name: str, source: str, target: str, others):
   """The game's `others` lines (never a held-out line's words) as parallel text without
-  speech ({root}/text/{name}.{language}): what a text stage may read (mt.text_only)."""
+  speech ({root}/text/{name}.{language}): what an MT stage may read (mt.text_only)."""
   os.makedirs(os.path.join(root, TEXT_ONLY_DIR), exist_ok=True)
   _atomic_text(os.path.join(root, TEXT_ONLY_DIR, f"{name}.{source}"),
                "".join(line.text + "\n" for line in others))

@@ -54,7 +54,7 @@ def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str
   config = ckpt_lib.load_config(workdir)
   ckpt_dir = os.path.join(workdir, stage, "checkpoints")
   if not os.path.isdir(ckpt_dir):
-    stages = [s for s in ip.TASKS if os.path.isdir(os.path.join(workdir, s, "checkpoints"))]
+    stages = [s for s in ip.SPEECH_STAGES if os.path.isdir(os.path.join(workdir, s, "checkpoints"))]
     raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({ckpt_dir}); stages with "
                             f"checkpoints: {stages or 'none'}")
   data = ip.SplitData(pipeline_config(config, stage, "test"), split or config.data.dev_split)

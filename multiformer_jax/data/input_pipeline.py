@@ -55,7 +55,8 @@ from multiformer_jax.data import native_cmvn
 from multiformer_jax.data.workers import SlotPool, WorkerPool, batch_bytes
 
 CMVN_MODES = ("utterance", "global", "none")
-TASKS = ("asr", "st")
+SPEECH_STAGES = ("asr", "st")   # the stages whose data this pipeline reads (not the MT
+                                # stage's: data/text_pairs.py; "task" is head selection's)
 TAG_NAMES = ("source_lang", "target_lang", "domain", "pair", "speaker")
 
 
@@ -65,7 +66,7 @@ class PipelineConfig:
   data.<field> with their defaults and meaning (`config_defaults`); the others are the stage's
   (experiment.pipeline_config)."""
   prepared_dir: str
-  task: str = "st"                 # asr: source transcripts; st: target translations
+  stage: str = "st"                # asr: source transcripts; st: target translations
   max_frames: int = setting(
       40000, "padded source frames per batch (fairseq's --max-tokens): per global batch, x "
       "{stage}.update_freq per update; with data.frames_per_update set, per device")
@@ -87,11 +88,11 @@ class PipelineConfig:
       False, "ST targets start with <lang:xx> (one-to-many; forced at decoding)")
   source_ctc: bool = False         # st: batches also carry the source transcript in the ASR
                                    # vocabulary (ctc_targets), for the source CTC loss
-  pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the task uses them)
+  pairs: tuple[str, ...] = ()      # the language pairs used ('' = as the stage uses them)
 
   def __post_init__(self):
-    if self.task not in TASKS:
-      raise ValueError(f"data task {self.task!r}; valid: {TASKS}")
+    if self.stage not in SPEECH_STAGES:
+      raise ValueError(f"data stage {self.stage!r}; valid: {SPEECH_STAGES}")
     for name in ("num_buckets", "num_token_buckets"):
       if getattr(self, name) < 1:
         raise ValueError(f"data.{name}={getattr(self, name)}; valid: an integer >= 1")
@@ -182,9 +183,9 @@ class Ragged:
     return Ragged(values=self.values[np.repeat(keep, self.lengths)], starts=starts)
 
 
-def task_vocabulary(prepared_dir: str, task: str):
-  """The prepared vocabulary of `task` (asr: the transcripts' pieces; st: the targets')."""
-  return vocab.load(prepared_dir, read_summary(prepared_dir)["vocab"][task])
+def stage_vocabulary(prepared_dir: str, stage: str):
+  """The prepared vocabulary of `stage` (asr: the transcripts' pieces; st: the targets')."""
+  return vocab.load(prepared_dir, read_summary(prepared_dir)["vocab"][stage])
 
 
 def text_only_lines(prepared_dir: str, language: str, pairs=None) -> list[str]:
@@ -231,20 +232,20 @@ class SplitData:
     index = {name: column[self.rows] for name, column in index.items()}
     self.n_frames = index["n_frames"].astype(np.int64)
     self.ids = index["id"]
-    if config.task not in self.summary["vocab"]:
-      raise ValueError(f"{prepared} has no {config.task.upper()} vocabulary (its data has "
+    if config.stage not in self.summary["vocab"]:
+      raise ValueError(f"{prepared} has no {config.stage.upper()} vocabulary (its data has "
                        f"{sorted(self.summary['vocab'])} only): train.stages cannot include "
-                       f"{config.task}")
-    self.vocab = vocab.load(prepared, self.summary["vocab"][config.task])
+                       f"{config.stage}")
+    self.vocab = vocab.load(prepared, self.summary["vocab"][config.stage])
     check_transforms(self.summary, config)
-    texts = index["source_text" if config.task == "asr" else "target_text"]
+    texts = index["source_text" if config.stage == "asr" else "target_text"]
     self.prefix = self._lang_tag_ids(index["target_lang"]) if (
-        config.target_lang_tag and config.task == "st") else None
+        config.target_lang_tag and config.stage == "st") else None
     self.tokens = self._target_tokens(texts)
     self.references = [str(t) for t in texts]
     # The source transcript's ASR pieces (+ EOS in the batch) for ST's source-transcript CTC.
     self.source_tokens = None
-    if config.source_ctc and config.task == "st":
+    if config.source_ctc and config.stage == "st":
       asr_vocab = vocab.load(prepared, self.summary["vocab"]["asr"])
       self.source_tokens = Ragged(asr_vocab.encode(str(t))[:config.max_target_tokens]
                                   for t in index["source_text"])
@@ -317,16 +318,16 @@ class SplitData:
 
 
 def used_pairs(present: list[str], config: PipelineConfig, split: str) -> list[str]:
-  """Of the pairs `present` in a split, those its task uses: PipelineConfig.pairs, or by
+  """Of the pairs `present` in a split, those its stage uses: PipelineConfig.pairs, or by
   default all (ASR) or the translation pairs (ST; all if the split has none)."""
   if config.pairs:
     used = [p for p in config.pairs if p in present]
     if not used:
       raise ValueError(f"{split} of {config.prepared_dir} has none of the pairs "
-                       f"{list(config.pairs)} (the {config.task} stage's pairs); it has "
+                       f"{list(config.pairs)} (the {config.stage} stage's pairs); it has "
                        f"{present}")
     return used
-  if config.task == "st":
+  if config.stage == "st":
     translation = [p for p in present if p.split("-")[0] != p.split("-")[1]]
     return translation or list(present)
   return list(present)
@@ -335,10 +336,10 @@ def used_pairs(present: list[str], config: PipelineConfig, split: str) -> list[s
 def check_transforms(summary: dict, config: PipelineConfig):
   """A fairseq data root's yaml says how its features are normalised and augmented (the
   model was trained so): a config that disagrees is refused with the setting that agrees."""
-  expected = summary.get("transforms", {}).get(config.task)
+  expected = summary.get("transforms", {}).get(config.stage)
   if not expected:
     return
-  yaml = f"config_{config.task}.yaml of {summary.get('root')}"
+  yaml = f"config_{config.stage}.yaml of {summary.get('root')}"
   if config.cmvn != expected["cmvn"]:
     raise ValueError(f"data.cmvn={config.cmvn!r} but the {yaml} normalises with "
                      f"{expected['cmvn']!r}: set --config.data.cmvn={expected['cmvn']}")

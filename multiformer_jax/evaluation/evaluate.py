@@ -231,7 +231,7 @@ def main(argv=None):
   import argparse  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", required=True)
-  parser.add_argument("--stage", default="st", choices=ip.TASKS)
+  parser.add_argument("--stage", default="st", choices=ip.SPEECH_STAGES)
   parser.add_argument("--split", default=None, help="default: the config's data.test_split")
   parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
                       help="default: the config's eval.checkpoint")

@@ -106,8 +106,8 @@ def setting_stages(eval_cfg, key: str) -> tuple:
   """eval.<key>, a stage or a sequence of stages, as a tuple; refuses a name not a stage."""
   stages = eval_cfg[key]
   stages = (stages,) if isinstance(stages, str) else tuple(stages)
-  if not set(stages) <= set(ip.TASKS):
-    raise ValueError(f"eval.{key}={stages!r}; valid: stages among {ip.TASKS}")
+  if not set(stages) <= set(ip.SPEECH_STAGES):
+    raise ValueError(f"eval.{key}={stages!r}; valid: stages among {ip.SPEECH_STAGES}")
   return stages
 
 

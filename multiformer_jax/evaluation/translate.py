@@ -224,8 +224,8 @@ class FileTranslator:
     if segment_seconds <= 0:
       raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
     for stage in stages:
-      if stage not in ip.TASKS:
-        raise ValueError(f"stage {stage!r}; valid: {ip.TASKS}")
+      if stage not in ip.SPEECH_STAGES:
+        raise ValueError(f"stage {stage!r}; valid: {ip.SPEECH_STAGES}")
     self.config = ckpt_lib.load_config(workdir)
     if rate_norm_target is not None:
       with self.config.unlocked():
@@ -328,7 +328,7 @@ def main(argv=None) -> int:
                            "a rerun skips the files already in it")
   parser.add_argument("--format", default=None, choices=output_lib.FORMATS,
                       help="default: from --output's extension, text on stdout")
-  parser.add_argument("--stages", nargs="+", default=["asr", "st"], choices=ip.TASKS)
+  parser.add_argument("--stages", nargs="+", default=["asr", "st"], choices=ip.SPEECH_STAGES)
   parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
                       help="default: the run's eval.checkpoint")
   parser.add_argument("--beam", type=int, default=None, help="default: the run's eval.beam")

@@ -1,12 +1,12 @@
 """A text encoder stacked on the speech encoder (SATE's adaptor, Xu et al. 2021).
 
 The ST model's CTC head spells the source transcript in the ASR pieces; its distribution at
-each encoder position weights the text model's source embeddings (a soft embedding of what was
+each encoder position weights the MT model's source embeddings (a soft embedding of what was
 heard), the speech encoder's own output is added through a projection that starts at zero, and
-the text model's encoder layers read the sum. Started from the text stage's encoder
-(`st.text_encoder="mt"`), the stack hands the text stage's decoder the kind of input it learned
+the MT model's encoder layers read the sum. Started from the MT stage's encoder
+(`st.text_encoder="mt"`), the stack hands the MT stage's decoder the kind of input it learned
 to translate, instead of acoustic states it never saw. Blank (id 0) has a row of its own,
-learned in the ST stage: the text model's source never holds id 0.
+learned in the ST stage: the MT model's source never holds id 0.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from multiformer_jax.model.positions import padded_positions
 
 def text_layers_config(config: ModelConfig, layers: int, dropout: float) -> ModelConfig:
   """`config` with an encoder of `layers` full-attention layers of its width and heads and
-  `dropout` everywhere, no CTC head (the text model's encoder; the decoder's shapes stay)."""
+  `dropout` everywhere, no CTC head (the MT model's encoder; the decoder's shapes stay)."""
   heads = config.encoder_heads
   return dataclasses.replace(
       config, encoder_layers=layers, encoder_layout=f"{layers}x({heads}*full)",
@@ -38,7 +38,7 @@ def text_layers_config(config: ModelConfig, layers: int, dropout: float) -> Mode
 class StackedTextEncoder(nn.Module):
   """(encoded [batch, T, d], ctc_logits [batch, T, V], mask [batch, T]) -> [batch, T, d].
 
-  Names match the text model's encoder (embed_source, layers_i, layer_norm), so its
+  Names match the MT model's encoder (embed_source, layers_i, layer_norm), so its
   parameters load as they are."""
   config: ModelConfig
 

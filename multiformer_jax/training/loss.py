@@ -118,3 +118,20 @@ def make_loss_sums(model: S2TModel, label_smoothing: float, train_cfg=None,
     return loss, aux
 
   return loss_sums
+
+
+def make_mt_loss_sums(model, label_smoothing: float):
+  """The MT stage's loss_sums (make_loss_sums' signature): label-smoothed CE of an MTModel
+  (model/mt_model.py) on a text-pair batch (data/text_pairs.py: source, prev_tokens, targets,
+  weights)."""
+
+  def loss_sums(params, batch, deterministic, key=None, step=None):
+    del step                                  # no schedule inside the loss
+    rngs = {"dropout": key} if key is not None else {}
+    logits = model.apply({"params": params}, batch["source"], batch["prev_tokens"],
+                         deterministic, rngs=rngs)
+    targets = jnp.where(batch["weights"][:, None] > 0, batch["targets"], PAD_ID)
+    loss, nll, tokens = label_smoothed_nll(logits, targets, label_smoothing)
+    return loss, {"nll": nll, "tokens": tokens}
+
+  return loss_sums

@@ -129,7 +129,7 @@ def _named(name: str, pattern: str) -> bool:
 
 def freezes(stage_cfg) -> bool:
   """Whether the stage keeps some parameters fixed ({stage}.train_only or {stage}.frozen)."""
-  return any(stage_cfg.get(key) for key in ("train_only", "frozen"))   # mt: has neither
+  return bool(stage_cfg.train_only or stage_cfg.frozen)
 
 
 def trained_predicate(stage_cfg) -> Callable[[str], bool]:

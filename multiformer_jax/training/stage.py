@@ -18,12 +18,13 @@ import jax
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference
 from multiformer_jax.experiment import (UpdatePlan, known_task_rows, model_config_for,
-                                         pipeline_config, stage_ctc_weight, stage_key,
+                                         pipeline_config, st_decoder_from_mt,
+                                         st_encoder_from_mt, stage_ctc_weight, stage_key,
                                          task_keys, update_plan)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime.train_log import StageLogger
-from multiformer_jax.training import text_stage, transfer
+from multiformer_jax.training import transfer
 from multiformer_jax.training.optimizer import (freezes, make_optimizer, trained_predicate,
                                                 trained_values)
 from multiformer_jax.training.parallel import DataParallel
@@ -49,11 +50,11 @@ class StageRun:
   """What one stage's training loop works with, built by `prepare_stage`."""
   config: Any
   stage: str
-  model: S2TModel
+  model: Any                 # S2TModel; the MT stage's MTModel
   dp: DataParallel
-  train_data: ip.SplitData
+  train_data: Any            # ip.SplitData; the MT stage's TextPairs (both have `ids`)
   iterator: ip.TrainIterator
-  dev_batcher: ip.Batcher
+  dev_batcher: Any           # ip.Batcher; the MT stage's TextPairBatcher
   checkpoints: ckpt_lib.StageCheckpoints
   logger: StageLogger
   train_step: Callable
@@ -99,12 +100,12 @@ def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
   return train_data, dev_data, tasks, train_batcher, dev_batcher, plan
 
 
-def _starting_state(config, stage: str, workdir: str, state: TrainState,
-                    checkpoints: ckpt_lib.StageCheckpoints, iterator: ip.TrainIterator,
-                    log: logging.Logger) -> TrainState:
+def starting_state(config, stage: str, workdir: str, state: TrainState,
+                   checkpoints: ckpt_lib.StageCheckpoints, iterator: ip.TrainIterator,
+                   log: logging.Logger) -> TrainState:
   """The state training continues from: the latest valid checkpoint (the data iterator moved to
   its position), else the fresh state with {stage}.init_from's parameters, or for the ST stage
-  the ASR encoder and the text stage's parameters carried in."""
+  the ASR encoder and the MT stage's parameters carried in."""
   resumed = checkpoints.restore_latest_valid(state, log)
   if resumed is not None:
     state, meta, latest = resumed
@@ -123,9 +124,9 @@ def _starting_state(config, stage: str, workdir: str, state: TrainState,
         scfg.encoder_init, evaluate.averaged_count(config, scfg.encoder_init))
     log.info("ST encoder from the ASR stage: %s", which)
     state = state.replace(params=transfer.carry_from_asr(state.params, asr_params, log))
-  decoder, encoder = text_stage.starts_decoder(config), text_stage.stacks_encoder(config)
+  decoder, encoder = st_decoder_from_mt(config), st_encoder_from_mt(config)
   if decoder or encoder:
-    state = state.replace(params=transfer.carry_from_text_stage(
+    state = state.replace(params=transfer.carry_from_mt_stage(
         state.params, workdir, log, decoder, encoder))
   return state
 
@@ -152,7 +153,7 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
            "waited for them", stage, f"ahead by {iterator.workers} worker processes into "
            f"shared memory, {iterator.prefetch} batches ahead" if iterator.workers
            else "in the training loop")
-  state = _starting_state(config, stage, workdir, state, checkpoints, iterator, log)
+  state = starting_state(config, stage, workdir, state, checkpoints, iterator, log)
   if trained is not None:
     values, total = trained_values(state.params, scfg, stage)
     log.info("%s: training %d of %d values (train_only %r, frozen %r); the rest stay fixed",
@@ -234,8 +235,10 @@ def compile_programs(run: StageRun, state: TrainState) -> int:
   start, compiled, done = time.perf_counter(), 0, 0
 
   def describe(programs, specs) -> str:
-    batch = next((spec for spec in specs if "features" in spec), None)
-    shape = batch["features"].shape[-3:-1] + batch["targets"].shape[-1:] if batch else ()
+    batch = next((spec for spec in specs if "targets" in spec), None)
+    shape = () if batch is None else (batch["features"].shape[-3:-1] if "features" in batch
+                                      else batch["source"].shape[-2:-1]
+                                      ) + batch["targets"].shape[-1:]
     return f"{programs.name} {shape or '(one for every shape)'}"
 
   def compile_one(programs, specs, lowered):

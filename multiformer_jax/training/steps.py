@@ -36,9 +36,11 @@ class TrainState:
   nonfinite: jnp.ndarray     # consecutive skipped updates
 
 
-def create_state(model: S2TModel, tx, key) -> TrainState:
+def create_state(model: S2TModel, tx, key, init: Callable = init_params) -> TrainState:
+  """The state before the first update; `init(model, key)` makes the parameters (an
+  S2TModel's by default)."""
   init_key, rng = jax.random.split(key)
-  params = init_params(model, init_key)
+  params = init(model, init_key)
   return TrainState(step=jnp.array(0, jnp.int32), micro_step=jnp.array(0, jnp.int32),
                     params=params, opt_state=tx.init(params),
                     grad_acc=jax.tree_util.tree_map(jnp.zeros_like, params),
@@ -258,9 +260,10 @@ def eval_step(rule: UpdateRule, state: TrainState, batch):
 
 def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing: float,
                train_cfg=None, ctc_weight: float = 0.0,
-               trained: Callable[[str], bool] | None = None):
+               trained: Callable[[str], bool] | None = None, loss_sums: Callable | None = None):
   """-> (TrainStep, eval_step: Programs of eval(state, batch)): the step functions above with
-  their UpdateRule bound, compiled for `dp`; the loss is loss.make_loss_sums'.
+  their UpdateRule bound, compiled for `dp`; the loss is `loss_sums` (the MT stage's:
+  loss.make_mt_loss_sums), by default loss.make_loss_sums' of `model`.
 
   Between updates `grad_acc` is zero (and jit's accumulator gone). A non-finite loss or
   gradient norm skips the update (parameters and optimizer state kept) through `lax.cond`,
@@ -269,8 +272,9 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
   parameter, moment and accumulator per update (on a 2-core CPU the optimizer's part of an
   s2t_transformer_s update took about twice as long; docs/notes/benchmarks-lab-notebook.md).
   """
-  rule = UpdateRule(make_loss_sums(model, label_smoothing, train_cfg, ctc_weight), tx,
-                    schedule, dp, trained)
+  if loss_sums is None:
+    loss_sums = make_loss_sums(model, label_smoothing, train_cfg, ctc_weight)
+  rule = UpdateRule(loss_sums, tx, schedule, dp, trained)
   compile_ = lambda fn, name, donate=(0,): Programs(
       dp.compile(functools.partial(fn, rule), donate_argnums=donate), name, dp.calls_compiled)
   single = compile_(train_step, "train step")

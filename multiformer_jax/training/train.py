@@ -1,5 +1,6 @@
-"""A run and its training loop: every stage of train.stages in order (ASR pre-training, the text
-stage where the ST stage reads it, then ST with the encoder carried over), then evaluation.
+"""A run and its training loop: every stage in order (experiment.stages_run: ASR pre-training,
+the MT stage where the ST stage reads it, then ST with the encoder carried over), then
+evaluation.
 
 One stage = fairseq's recipe in JAX: what it trains with is built by stage.py, its update is
 steps.py's (on loss.py's losses and optimizer.py's Adam and schedule: inverse-sqrt or
@@ -26,10 +27,11 @@ import numpy as np
 from data_prep.common import atomic
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference
+from multiformer_jax.experiment import stages_run
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import compile_clock, faults, host_memory, processes
 from multiformer_jax.runtime.train_log import DONE, StageLogger
-from multiformer_jax.training import curves, text_stage
+from multiformer_jax.training import curves, mt_stage
 from multiformer_jax.training.data_setup import ensure_prepared, evaluated_splits
 from multiformer_jax.training.parallel import DataParallel
 from multiformer_jax.training.stage import StageRun, compile_programs, prepare_stage
@@ -60,19 +62,19 @@ def check_checkpoint_retention(config):
 
 def check_config(config):
   """Refuses what would fail later, before anything is built or trained."""
-  bad_stages = [s for s in config.train.stages if s not in ip.TASKS]
+  bad_stages = [s for s in config.train.stages if s not in ip.SPEECH_STAGES]
   if bad_stages or not config.train.stages:
     raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
-                     f"valid stages: {ip.TASKS}")
+                     f"valid stages: {ip.SPEECH_STAGES}")
   check_checkpoint_retention(config)
   for stage in config.train.stages:         # eval.lm_* and the repeat block refused now
     evaluate.lm_settings(config, stage)
     inference.no_repeat_ngram_size(config.eval, stage)
-  for stage in config.train.stages:         # resolved_eval_every reads what passes here
+  for stage in stages_run(config):          # resolved_eval_every reads what passes here
     if config[stage].eval_every < 1 and config[stage].eval_every != -1:
       raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
                        f"updates >= 1, or -1 for once per epoch")
-  text_stage.check_config(config)        # what needs no prepared data
+  mt_stage.check_config(config)          # what needs no prepared data
 
 
 def train_and_evaluate(config, workdir: str) -> dict:
@@ -90,15 +92,13 @@ def train_and_evaluate(config, workdir: str) -> dict:
         f"process {jax.process_index()} does not see {config.data.prepared_dir}/prepared.json, "
         f"which process 0 prepared: data.prepared_dir must be on a filesystem every process "
         f"reads")
-  text_stage.check_config(config, prepared=True)
+  mt_stage.check_config(config, prepared=True)
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
            jax.local_devices()[0].platform, jax.process_count(), dp.mode)
   log.info("host memory: %s", host_memory.describe())
   results = {}
-  for stage in config.train.stages:
-    if stage == "st" and text_stage.wanted(config):
-      results[text_stage.STAGE] = {"train": text_stage.run_text_stage(config, workdir, log)}
+  for stage in stages_run(config):
     results[stage] = {"train": run_stage(config, stage, workdir, dp)}
   if config.eval.after_training and jax.process_index() == 0:
     splits = evaluated_splits(config)
@@ -122,7 +122,8 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
       summary = json.load(f)
     log.info("stage %s already finished (%s): skipped", stage, done_path)
     return summary
-  run, state = prepare_stage(config, stage, workdir, dp, logger)
+  prepare = mt_stage.prepare if stage == mt_stage.STAGE else prepare_stage
+  run, state = prepare(config, stage, workdir, dp, logger)
   step = int(state.step)
   state = dp.replicate(state)
   compile_clock.install()
@@ -139,11 +140,15 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   wall_s = logger.elapsed()
   phases = {k: v - phases_before[k] for k, v in compile_clock.by_phase().items()}
   compile_s = compile_clock.seconds() - compile_before
+  best_meta = run.checkpoints.meta(best)
   summary = {"stage": stage, "updates": step, "early_stopped": early_stopped, "best_step": best,
-             "best_dev_loss": run.checkpoints.meta(best).get("dev_loss"),
+             "best_dev_loss": best_meta.get("dev_loss"),
              "wall_s": round(wall_s, 1), "compile_s": round(compile_s, 1),
              "compile_fraction": round(compile_s / max(wall_s, 1e-9), 3),
              "compile_phases_s": {k: round(v, 1) for k, v in phases.items()}}
+  if run.dev_scorer is not None:          # the best checkpoint's dev WER or BLEU
+    metric = f"dev_{run.dev_scorer.metric}"
+    summary[f"best_{metric}"] = best_meta.get(metric)
   log.info("stage %s: %.0f s in the training loop, %.0f s of it compiling (%.0f%%: train and "
            "dev steps per batch shape%s; tracing %.0f s, lowering %.0f s, XLA or the "
            "persistent cache (train.compilation_cache) %.0f s)", stage, wall_s, compile_s,

@@ -1,5 +1,5 @@
 """Parameters carried between runs and stages: another run's same stage ({stage}.init_from, the
-T5X-style partial restore), the ASR encoder into the ST model, and the text stage's decoder and
+T5X-style partial restore), the ASR encoder into the ST model, and the MT stage's decoder and
 encoder into the ST model. Each copies by parameter name, shapes must fit, and logs what was
 restored, skipped and freshly initialised."""
 
@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from multiformer_jax.evaluation import evaluate
+from multiformer_jax.experiment import MT_STAGE
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.training import text_stage
+from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training.optimizer import flat_params, module_groups
 
 
@@ -86,24 +87,34 @@ def carry_from_asr(params, asr_params, log: logging.Logger):
   return flax.traverse_util.unflatten_dict(flat, sep="/")
 
 
-def carry_from_text_stage(params, workdir: str, log: logging.Logger, decoder: bool = True,
-                          encoder: bool = False):
-  """ST init from the text stage's parameters: every decoder tensor (`decoder`), and with
+def read_mt_params(workdir: str):
+  """The MT stage's parameters the ST stage starts from: its best checkpoint by dev loss."""
+  stage_dir = os.path.join(workdir, MT_STAGE)
+  if not os.path.exists(os.path.join(stage_dir, DONE)):
+    raise FileNotFoundError(f"{stage_dir}/{DONE} does not exist: the MT stage did not finish "
+                            f"(rerun the same command to train it)")
+  params, which = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints")
+                                            ).select_params("best")
+  return params, which
+
+
+def carry_from_mt_stage(params, workdir: str, log: logging.Logger, decoder: bool = True,
+                        encoder: bool = False):
+  """ST init from the MT stage's best parameters: every decoder tensor (`decoder`), and with
   `encoder` its source embeddings and encoder layers into the stacked text encoder (whose
   projection of the speech encoder's output stays at its start, zero). Shapes must fit."""
-  path = os.path.join(workdir, text_stage.STAGE, text_stage.PARAMS)
-  text = text_stage.read_params(workdir)
-  source = {"decoder": text["decoder"]} if decoder else {}
+  mt, which = read_mt_params(workdir)
+  source = {"decoder": mt["decoder"]} if decoder else {}
   if encoder:
-    source["text_encoder"] = {k: v for k, v in text.items() if k != "decoder"}
+    source["text_encoder"] = {k: v for k, v in mt.items() if k != "decoder"}
   prefixes = tuple(f"{side}/" for side in source)
   taken = lambda name: name.startswith(prefixes) and not name.startswith("text_encoder/acoustic/")
-  flat, restored, mismatched = copy_tensors(params, source, taken, ("text model", "ST"))
+  flat, restored, mismatched = copy_tensors(params, source, taken, ("MT model", "ST"))
   missing = [n for n in flat if taken(n) and n not in set(restored)]
   if mismatched or missing:
-    raise ValueError("the text stage's model does not fit the ST model:\n  " +
-                     "\n  ".join(mismatched + [f"{n}: not in the text model" for n in missing]))
-  log.info("ST init: the %s's %d tensors from the text stage (%s)",
+    raise ValueError("the MT stage's model does not fit the ST model:\n  " +
+                     "\n  ".join(mismatched + [f"{n}: not in the MT model" for n in missing]))
+  log.info("ST init: the %s's %d tensors from the MT stage's %s",
            " and ".join(("decoder",) * decoder + ("stacked text encoder",) * encoder),
-           len(restored), path)
+           len(restored), which)
   return flax.traverse_util.unflatten_dict(flat, sep="/")

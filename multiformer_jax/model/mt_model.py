@@ -1,9 +1,9 @@
-"""A text-to-text model with the speech model's decoder: the source transcript's ASR pieces
-embedded and read by a few full-attention Transformer layers, then the config's decoder.
+"""The MT stage's model: the source transcript's ASR pieces embedded and read by a few
+full-attention Transformer layers, then the speech model's decoder (the config's).
 
 Its decoder has the ST model's names and shapes, so the ST stage can start from it
 (`st.decoder_init="mt"`: an MT-pretrained decoder), and its translations measure what the
-corpus's text pairs teach a decoder of this size (benchmarks/text_mt_ceiling.py)."""
+corpus's (transcript, translation) pairs teach a decoder of this size (benchmarks/text_mt_ceiling.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from multiformer_jax.model.model_config import ModelConfig
 from multiformer_jax.model.positions import padded_positions
 
 
-class TextToText(nn.Module):
+class MTModel(nn.Module):
   """Source pieces [batch, S] -> target logits [batch, U, vocab] through the config's decoder."""
   config: ModelConfig
   source_vocab: int
