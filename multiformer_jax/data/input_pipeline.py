@@ -534,11 +534,7 @@ class Batcher:
 
   def assemble(self, bucket_id: int, indices: np.ndarray, epoch: int) -> dict:
     """This process's slice of a global batch (of any size), as new numpy arrays."""
-    rows = len(indices) // self.process_count
-    batch = {name: np.empty(shape, dtype) for name, (shape, dtype) in
-             self.layout(bucket_id, rows).items()}
-    self.assemble_into(batch, bucket_id, indices, epoch)
-    return batch
+    return assemble_new(self, bucket_id, indices, epoch)
 
   def assemble_into(self, batch: dict, bucket_id: int, indices: np.ndarray, epoch: int):
     """Writes this process's slice of a global batch into `batch` (arrays of `layout`, any
@@ -583,6 +579,16 @@ class Batcher:
         batch["ctc_targets"][row, :len(source_tokens)] = source_tokens
         batch["ctc_targets"][row, len(source_tokens)] = vocab.EOS_ID
       batch["weights"][row] = 1.0
+
+
+def assemble_new(batcher, bucket_id: int, indices: np.ndarray, epoch: int) -> dict:
+  """A batcher's (Batcher's, text_pairs.TextPairBatcher's) slice of a global batch for this
+  process, in new arrays of its `layout`, written by its `assemble_into`."""
+  rows = len(indices) // batcher.process_count
+  batch = {name: np.empty(shape, dtype) for name, (shape, dtype) in
+           batcher.layout(bucket_id, rows).items()}
+  batcher.assemble_into(batch, bucket_id, indices, epoch)
+  return batch
 
 
 class TrainIterator:

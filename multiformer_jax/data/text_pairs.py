@@ -160,11 +160,7 @@ class TextPairBatcher:
 
   def assemble(self, bucket_id: int, indices: np.ndarray, epoch: int) -> dict:
     """This process's slice of a global batch, as new numpy arrays."""
-    rows = len(indices) // self.process_count
-    batch = {name: np.empty(shape, dtype) for name, (shape, dtype) in
-             self.layout(bucket_id, rows).items()}
-    self.assemble_into(batch, bucket_id, indices, epoch)
-    return batch
+    return ip.assemble_new(self, bucket_id, indices, epoch)
 
   def assemble_into(self, batch: dict, bucket_id: int, indices: np.ndarray, epoch: int):
     """Writes this process's slice of a global batch into `batch` (arrays of `layout`), every
