@@ -127,8 +127,8 @@ def main():
       out = {r["index"]: r for r in translator.translate(paths)}
       timings[attempt] = time.perf_counter() - start
     hyps = {s: [out[i][s] for i in range(len(paths))] for s in stages}
-    same = {s: sum(h == e for h, e in zip(hyps[s], _eval_hyps(args.workdir, s, split, records)))
-            for s in stages}
+    same = {s: sum(h == e for h, e in zip(hyps[s], _eval_hyps(evaluation[s]["directory"],
+                                                               records))) for s in stages}
     wer = corpus_wer(hyps["asr"], [r.source_text for r in records])["wer"]
     bleu = corpus_bleu(hyps["st"], [r.target_text for r in records])["bleu"]
     results.add(measure="translate_vs_evaluate", files=len(paths), translate_cold_s=round(
@@ -168,9 +168,8 @@ def main():
                 target_wer_difference=2.0)
 
 
-def _eval_hyps(workdir: str, stage: str, split: str, records) -> list[str]:
-  """Evaluation's hypotheses of the split, in the order of `records`."""
-  directory = os.path.join(workdir, stage, f"eval_{split}")
+def _eval_hyps(directory: str, records) -> list[str]:
+  """The hypotheses of the evaluation written to `directory`, in the order of `records`."""
   with open(os.path.join(directory, "ids.txt"), encoding="utf-8") as f:
     ids = f.read().split("\n")[:-1]
   with open(os.path.join(directory, "hyp.txt"), encoding="utf-8") as f:

@@ -80,6 +80,11 @@ def get_config(arg=None):
   t.selection_temperature_min = 0.5
   t.selection_lr_multiplier = 1.0   # learning rate of the selection logits / the model's (1 = ref.)
   t.compilation_cache = "~/.cache/multiformer_jax/jax"   # persistent XLA cache; "" = off
+  # Progress checkpoints, on a period of their own whatever {stage}.eval_every: a killed run
+  # loses at most this much. Only the newest is kept, and only to resume (never evaluated or
+  # averaged). 0 = not on that count; decided on process 0's clock, agreed by every process.
+  t.checkpoint_every_minutes = 30.0
+  t.checkpoint_every_updates = 0
 
   # --- the stages ----------------------------------------------------------------------------
   config.asr = stage_config(lr=1e-3)

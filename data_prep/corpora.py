@@ -22,6 +22,7 @@ raises CorpusLayoutError naming the directory, the expected layout and where to 
 from __future__ import annotations
 
 import csv
+import logging
 import dataclasses
 import os
 
@@ -89,8 +90,30 @@ def _layout_error(corpus: str, directory: str, expected: str, problem: str):
 
 
 def _read_lines(path: str) -> list[str]:
-  with open(path, encoding="utf-8") as f:
-    return [line.rstrip("\n").strip() for line in f]
+  """The file's lines, stripped. Bytes that are not UTF-8 are kept as lone surrogates
+  (`surrogateescape`): their segments are skipped as "text not UTF-8" (`is_utf8`), and a
+  warning names the file and the first such line."""
+  with open(path, encoding="utf-8", errors="surrogateescape") as f:
+    lines = [line.rstrip("\n").strip() for line in f]
+  _warn_not_utf8(path, lines)
+  return lines
+
+
+def is_utf8(text: str) -> bool:
+  """Whether a text read by this module was valid UTF-8 (no byte escaped as a surrogate)."""
+  try:
+    text.encode("utf-8")
+  except UnicodeEncodeError:
+    return False
+  return True
+
+
+def _warn_not_utf8(path: str, lines: list[str]):
+  bad = [n for n, line in enumerate(lines, 1) if not is_utf8(line)]
+  if bad:
+    logging.getLogger("data_prep").warning(
+        "%s: %d lines are not UTF-8 (the first: line %d); their segments are skipped as "
+        "'text not UTF-8' (prep_report.json)", path, len(bad), bad[0])
 
 
 def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
@@ -210,9 +233,10 @@ def read_europarl_st(root: str, pair: str = "de-en", split: str = "train"):
 
 def _read_tsv(path: str) -> list[dict]:
   """A Common Voice / CoVoST tsv (header row, tab-separated, no quoting) -> rows as dicts."""
-  with open(path, encoding="utf-8", newline="") as f:
-    reader = csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
-    return list(reader)
+  with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+    rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+  _warn_not_utf8(path, ["\t".join(str(v) for v in row.values()) for row in rows])
+  return rows
 
 
 def read_covost2(root: str, pair: str = "fr-en", split: str = "train"):

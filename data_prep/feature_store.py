@@ -23,6 +23,7 @@ FORMAT = "frames"                  # prepared.json's "features" for this format
 DIRECTORY = "frames"
 DTYPE = np.float32
 CONVERT_COMMAND = "python -m data_prep.convert_features --prepared {prepared}"
+REPAIR_COMMAND = "python -m data_prep.prepare --repair --out {prepared}"
 
 
 def shard_path(prepared_dir: str, split: str, shard: int, num_shards: int) -> str:
@@ -106,6 +107,21 @@ class FeatureStore:
       mapped = self._maps[file_id] = np.memmap(path, DTYPE, "r",
                                                shape=(size // row_bytes, self.feature_dim))
     return mapped
+
+  def damaged_files(self) -> list[str]:
+    """The files shorter than their rows need, or not whole rows ('path: N bytes, M
+    needed'): a file cut short (a disk that filled, a copy that stopped) fails here when a run
+    starts, not at its first read of the missing part, again after every resume."""
+    row_bytes = self.feature_dim * np.dtype(DTYPE).itemsize
+    needed = np.zeros(len(self.paths), np.int64)                          # [files] rows
+    np.maximum.at(needed, self.file_ids, self.offsets + self.lengths)
+    damaged = []
+    for path, rows in zip(self.paths, needed):
+      size = os.path.getsize(path) if os.path.exists(path) else -1
+      if size < rows * row_bytes or size % row_bytes:
+        damaged.append(f"{path}: {'missing' if size < 0 else f'{size} bytes'}, "
+                       f"{rows * row_bytes} needed")
+    return damaged
 
   def view(self, i: int) -> np.ndarray:
     """Row i's [frames, dim] features: a read-only view of the mapped file, not a copy."""

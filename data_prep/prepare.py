@@ -9,7 +9,8 @@ Steps (fairseq's MuST-C recipe, REFERENCE §2):
    (`shards/plan.json`) so that a rerun writes the same shards.
 2. Workers (default: the machine's cores) each write whole shards. Per talk: read the audio
    once (downmix / resample if needed), cut the segments, compute 80-dim Kaldi fbank; filter:
-   fewer than 5 frames or empty text everywhere, more than 3000 frames in train; unreadable
+   fewer than 5 frames, empty text or text that is not UTF-8 everywhere, more than 3000 frames
+   in train; unreadable
    audio, segments past the end and non-finite features are skipped, every skip and repair
    counted by reason. A talk's features are cached atomically under `features/` until its
    shard is complete, then the talk is streamed into the shard's flat float32 file
@@ -41,7 +42,7 @@ import signal
 import numpy as np
 
 from data_prep import corpora, fairseq_data, feature_store, features, index_io, vocab
-from data_prep.common import atomic, cli_errors
+from data_prep.common import atomic, cli_errors, locks, signals
 from data_prep.audio import AudioError, cut_segment, load_audio
 from data_prep.common.progress import progress_bar
 
@@ -55,6 +56,7 @@ FRAMES_PER_SECOND = 100
 FAULT_ENV = "MULTIFORMER_JAX_FAULT"            # as multiformer_jax.runtime.faults (tests only)
 # About 320 MB of float32 features per shard: MuST-C En-De train (~400 h) is ~150 shards.
 DEFAULT_SHARD_FRAMES = 1_000_000
+WORKER_POLL_S = 5.0                            # how often the shards in progress are checked
 
 
 def _atomic_json(path: str, value):
@@ -78,6 +80,9 @@ def process_talk(job) -> dict:
   except AudioError as e:
     audio, skipped = None, [(r.id, e.reason) for r in records]
   for r in records if audio is not None else []:
+    if not corpora.is_utf8(r.source_text) or not corpora.is_utf8(r.target_text):
+      skipped.append((r.id, "text not UTF-8"))
+      continue
     if not r.source_text.strip() or not r.target_text.strip():
       skipped.append((r.id, "empty text"))
       continue
@@ -184,12 +189,20 @@ def speed_perturbed(records, factors, domains=()) -> list:
   return out
 
 
-def _fault_point(name: str):
+def _fault_point(name: str, whole_group: bool = True):
   """Tests: `MULTIFORMER_JAX_FAULT=prepare.train.shard:3` SIGKILLs the whole preparation (this
-  process group: the main process and every worker) once shard 3 of train is written."""
+  process group: the main process and every worker) once shard 3 of train is written;
+  `prepare.train.worker:3` SIGKILLs the worker alone as it starts shard 3."""
   points = {p.strip() for p in os.environ.get(FAULT_ENV, "").split(",")} - {""}
   if name in points:
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    if whole_group:
+      os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _running_marker(sidecar_path: str) -> str:
+  """The file that names the worker writing a shard (beside its sidecar)."""
+  return f"{sidecar_path}.worker"
 
 
 def write_shard(job) -> dict:
@@ -198,6 +211,9 @@ def write_shard(job) -> dict:
   shard_path, sidecar_path, talk_jobs, is_train, fault_name = job
   if os.path.exists(shard_path) and os.path.exists(sidecar_path):
     return without_index(_read_json(sidecar_path))
+  with open(_running_marker(sidecar_path), "w", encoding="utf-8") as f:  # which worker has it
+    f.write(str(os.getpid()))
+  _fault_point(fault_name.replace(".shard:", ".worker:"), whole_group=False)
   try:
     reports = [process_talk(talk) for talk in talk_jobs]
     columns = collections.defaultdict(list)
@@ -230,7 +246,84 @@ def write_shard(job) -> dict:
   for cache_path, _, _ in talk_jobs:               # the shard holds them now
     if os.path.exists(cache_path):
       os.remove(cache_path)
+  os.remove(_running_marker(sidecar_path))
   return without_index(sidecar)
+
+
+class WorkerDied(ChildProcessError):
+  """A preparation worker died (killed, often for lack of memory) while writing a shard."""
+
+
+def write_shards(jobs: list, workers: int, progress: bool):
+  """Runs write_shard over `jobs` in `workers` processes, a fresh one per shard
+  (maxtasksperchild=1: a worker's peak is one shard's, not one shard's plus what earlier shards
+  left in its heap). Workers ignore Ctrl-C and SIGUSR1 sent to the process group (SIGTERM
+  ends them: the shard they write is written again on the rerun). A worker that dies would
+  leave its shard's result missing for ever (the pool replaces the worker, not its task):
+  every WORKER_POLL_S the shards in progress are checked, each naming the pid that took it,
+  and a dead one stops the preparation with WorkerDied, naming the shard; every shard
+  finished before is kept, so the same command resumes from there."""
+  for _, sidecar, *_ in jobs:            # left by workers of an earlier, killed run
+    if os.path.exists(_running_marker(sidecar)):
+      os.remove(_running_marker(sidecar))
+  signals.start_resource_tracker()
+  with signals.stop_signals_blocked():        # the workers start ignoring Ctrl-C and SIGUSR1
+    pool = multiprocessing.get_context("spawn").Pool(
+        min(workers, len(jobs)), maxtasksperchild=1, initializer=signals.ignore_interrupts)
+  with pool:
+    results = pool.imap_unordered(write_shard, jobs)
+    bar = progress_bar(total=len(jobs), desc="features -> shards", unit="shard",
+                       disable=not progress)
+    try:
+      for _ in range(len(jobs)):
+        while True:
+          try:
+            results.next(timeout=WORKER_POLL_S)
+            break
+          except multiprocessing.TimeoutError:
+            died = _dead_workers(jobs)
+            if died:
+              raise WorkerDied(_dead_worker_message(died)) from None
+        bar.update(1)
+    finally:
+      bar.close()
+
+
+def _dead_workers(jobs: list) -> list[str]:
+  """'shard (pid P)' of each shard in progress whose worker is dead."""
+  died = []
+  for shard, sidecar, *_ in jobs:
+    marker = _running_marker(sidecar)
+    try:
+      with open(marker, encoding="utf-8") as f:
+        pid = int(f.read() or 0)
+    except (FileNotFoundError, ValueError):
+      continue
+    if pid and not _alive(pid) and not os.path.exists(sidecar):
+      died.append(f"{shard} (pid {pid})")
+  return died
+
+
+def _dead_worker_message(died: list[str]) -> str:
+  return (f"a preparation worker died while writing {', '.join(died)}: killed (often for "
+          f"lack of memory: fewer --workers, or a smaller --shard-frames, lower each worker's "
+          f"peak). The shards finished before are kept; rerun the same command to resume from "
+          f"there")
+
+
+def _alive(pid: int) -> bool:
+  """Whether process `pid` runs (a zombie, dead but not yet reaped, does not)."""
+  try:
+    with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+      return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+  except FileNotFoundError:
+    return False
+  except OSError:                       # no /proc: ask the kernel
+    try:
+      os.kill(pid, 0)
+    except ProcessLookupError:
+      return False
+    return True
 
 
 def without_index(sidecar: dict) -> dict:
@@ -363,10 +456,23 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   data) is transcription: its text trains the ASR vocabulary only. speed_perturb: the
   training split holds each utterance at each of these speeds (Kaldi's 0.9, 1.0, 1.1; the
   copies' ids start with `sp{factor}-`); () = as recorded. speed_perturb_domains: only these
-  domains' utterances are perturbed; () = every one."""
+  domains' utterances are perturbed; () = every one. One preparation writes into `out` at a
+  time: another one (ablate --jobs starts several) waits for it, then reads its result."""
   done_marker = os.path.join(out, "prepared.json")
   if os.path.exists(done_marker):
     return _read_json(done_marker)
+  with locks.DirectoryLock(out, "preparation").acquire(wait=True):
+    if os.path.exists(done_marker):          # prepared by the one this one waited for
+      return _read_json(done_marker)
+    return _prepare(corpus, root, pairs, out, splits, asr_vocab, st_vocab, workers, progress,
+                    shard_frames, eval_only_pairs, speed_perturb, train_only_pairs,
+                    speed_perturb_domains)
+
+
+def _prepare(corpus, root, pairs, out, splits, asr_vocab, st_vocab, workers, progress,
+             shard_frames, eval_only_pairs, speed_perturb, train_only_pairs,
+             speed_perturb_domains) -> dict:
+  done_marker = os.path.join(out, "prepared.json")
   if corpus == "fairseq":     # fairseq's prepared root, read in place: an index only
     return fairseq_data.write_index(root, out, splits, [p for p in pairs if p] or None)
   workers = workers or os.cpu_count() or 1
@@ -380,12 +486,7 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   all_jobs = [job for split in splits for job in jobs[split]
               if not (os.path.exists(job[0]) and os.path.exists(job[1]))]
   if all_jobs:
-    # A fresh process per shard (maxtasksperchild=1): a worker's peak is one shard's, not
-    # one shard's plus what earlier shards left in its heap.
-    with multiprocessing.get_context("spawn").Pool(min(workers, len(all_jobs)),
-                                                   maxtasksperchild=1) as pool:
-      list(progress_bar(pool.imap_unordered(write_shard, all_jobs), total=len(all_jobs),
-                        desc="features -> shards", unit="shard", disable=not progress))
+    write_shards(all_jobs, workers, progress)
   for split in splits:                  # every shard and its sidecar are written now
     sidecars[split] = [without_index(_read_json(job[1])) for job in jobs[split]]
 
@@ -436,6 +537,39 @@ def prepare(corpus: str, root: str, pairs: list[str], out: str, splits: list[str
   return summary
 
 
+def repair(out: str, workers: int | None = None, progress: bool = True) -> list[str]:
+  """Rewrites the feature shards of a prepared corpus that are not the size their sidecars
+  recorded (cut short by a full disk or a copy that stopped), from the corpus's audio, each
+  as first written (the saved shard plan: the same talks, rows and offsets); the index,
+  vocabularies and statistics stay as they are. -> the shards rewritten."""
+  summary = _read_json(os.path.join(out, "prepared.json"))
+  if summary.get("features") != feature_store.FORMAT:
+    raise ValueError(f"{out} holds no feature shards of its own to repair "
+                     f"({summary.get('features')})")
+  splits = list(summary["splits"])
+  with locks.DirectoryLock(out, "preparation").acquire(wait=True):
+    jobs, _ = plan_jobs(summary["corpus"], summary["root"], summary["pairs"], out, splits,
+                        workers or os.cpu_count() or 1, DEFAULT_SHARD_FRAMES,
+                        summary["eval_only_pairs"], tuple(summary["speed_perturb"]),
+                        summary["train_only_pairs"], tuple(summary["speed_perturb_domains"]))
+    damaged, recorded = [], {}
+    for job in (job for split in splits for job in jobs[split]):
+      shard, sidecar = job[0], job[1]
+      written = _read_json(sidecar)
+      if not os.path.exists(shard) or os.path.getsize(shard) != written["num_bytes"]:
+        damaged.append(job)
+        recorded[shard] = written["index"]
+        os.remove(sidecar)                 # write_shard skips a shard with both
+    if damaged:
+      write_shards(damaged, workers or os.cpu_count() or 1, progress)
+    for shard, sidecar, *_ in damaged:
+      if _read_json(sidecar)["index"] != recorded[shard]:
+        raise ValueError(f"{shard} was rewritten, but its rows differ from the index's: the "
+                         f"corpus in {summary['root']} changed since it was prepared; prepare "
+                         f"it into a new directory")
+  return [job[0] for job in damaged]
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--corpus", default="mustc",
@@ -443,8 +577,8 @@ def main(argv=None):
                            f"(multi-domain), with one --root each; or fairseq: the directory "
                            f"fairseq's prep script wrote (fbank80.zip, *_st.tsv, config_st.yaml"
                            f"), indexed in place")
-  parser.add_argument("--root", required=True, help="the corpus download directory (several: "
-                                                    "comma-separated, as --corpus)")
+  parser.add_argument("--root", help="the corpus download directory (several: "
+                                     "comma-separated, as --corpus)")
   parser.add_argument("--pairs", default="", help="comma-separated, e.g. en-de,en-es "
                       "(default: en-de; for a fairseq root, its directory's name)")
   parser.add_argument("--eval-only-pairs", default="",
@@ -467,7 +601,17 @@ def main(argv=None):
   parser.add_argument("--speed-perturb-domains", default="",
                       help="comma-separated: perturb only these domains' utterances (the "
                            "segment lists' domain, e.g. queen); default: every one")
+  parser.add_argument("--repair", action="store_true",
+                      help="rewrite the feature shards of the prepared corpus in --out that "
+                           "are cut short, from its audio (the rest stays as it is)")
   args = parser.parse_args(argv)
+  if args.repair:
+    rewritten = repair(args.out, args.workers)
+    print(f"{args.out}: {len(rewritten)} shard(s) rewritten{': ' if rewritten else ''}"
+          f"{', '.join(rewritten)}")
+    return
+  if not args.root:
+    parser.error("--root is required (the corpus download directory), but with --repair")
   pairs = args.pairs or ("" if args.corpus == "fairseq" else "en-de")
   summary = prepare(args.corpus, args.root, pairs.split(","), args.out,
                     [s for s in args.splits.split(",") if s] or None, args.asr_vocab,

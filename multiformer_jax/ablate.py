@@ -39,6 +39,8 @@ import subprocess
 import sys
 
 from data_prep.common import cli_errors
+from multiformer_jax.evaluation import results
+from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import curves
 
@@ -132,12 +134,6 @@ def run_name(config_path: str) -> str:
   return os.path.splitext(os.path.basename(config_path))[0]
 
 
-def read_results(stage_dir: str, split: str) -> dict | None:
-  path = os.path.join(stage_dir, f"eval_{split}", "results.json")
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
 
 
 def collect_row(workdir: str, name: str, status: str = "", split: str | None = None,
@@ -147,10 +143,10 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
   the columns of each of `splits`."""
   row = {c: "" for c in table_columns(splits)}
   row["config"], row["status"] = name, status
-  config_path = os.path.join(workdir, "config.json")
-  if os.path.exists(config_path):
-    with open(config_path, encoding="utf-8") as f:
-      config = json.load(f)
+  run_config = None
+  if os.path.exists(os.path.join(workdir, "config.json")):
+    run_config = ckpt_lib.load_config(workdir, check_corpus=False)
+    config = run_config.to_dict()
     split = split or config.get("data", {}).get("test_split")
     row["encoder_layout"] = config["model"]["encoder_layout"]
     for key in ("bleu", "wer"):            # a negative value: the paper has no such number
@@ -160,17 +156,14 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
   wall = 0.0
   for stage, key, column in (("asr", "wer", "asr_wer"), ("st", "bleu", "st_bleu")):
     stage_dir = os.path.join(workdir, stage)
-    for entry in sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []:
-      results = os.path.join(stage_dir, entry, "results.json")
-      if (entry == f"eval_{split}" if split else entry.startswith("eval_")) and \
-          os.path.exists(results):
-        with open(results, encoding="utf-8") as f:
-          evaluation = json.load(f)
+    for evaluated in results.evaluated_splits(workdir, stage) if run_config else []:
+      evaluation = results.read(workdir, stage, evaluated, run_config)
+      if evaluation and (evaluated == split if split else True):
         row[column] = evaluation[key]
         row[f"{column}_by_task"] = by_task(evaluation, key)
         row[f"{column}_avg"] = averages(evaluation)
     for other in splits:
-      evaluation = read_results(stage_dir, other)
+      evaluation = results.read(workdir, stage, other, run_config) if run_config else None
       for metric, metric_stage, _ in SPLIT_METRICS:
         if evaluation and metric_stage == stage:
           row[f"{metric} {other}"] = evaluation.get(metric, "")
@@ -197,8 +190,7 @@ def finished(workdir: str, splits) -> bool:
     stage_dir = os.path.join(workdir, stage)
     if not os.path.exists(os.path.join(stage_dir, DONE)):
       return False
-    evaluated = [e[len("eval_"):] for e in (os.listdir(stage_dir)) if e.startswith("eval_") and
-                 os.path.exists(os.path.join(stage_dir, e, "results.json"))]
+    evaluated = results.evaluated_splits(workdir, stage)
     if not evaluated or any(s not in evaluated for s in splits):
       return False
   return True

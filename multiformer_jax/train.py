@@ -6,8 +6,9 @@ console script `multiformer-train`, the same command (absl flags: --config=FILE.
     multiformer-train --config=configs/s2t_v2.py:runlocal --workdir=runs/v2_tiny \
         --config.asr.max_updates=200 --config.data.prepared_dir=data/prepared/embedded_en_de
 
-Rerunning the same command resumes where the run stopped. On SIGTERM the run saves a checkpoint
-after the current update and exits with status 143; rerun the same command to resume.
+Rerunning the same command resumes where the run stopped. On SIGTERM, SIGINT or SIGUSR1 the run
+saves a checkpoint after the current update and exits with status 128 + the signal's number
+(143, 130, 138; runtime/faults.py); rerun the same command to resume.
 
 Its flags are absl's because ml_collections' config overrides (`--config.a.b=v`) exist only as
 absl flags; the other commands keep argparse: absl flags are global to a process, and those
@@ -17,10 +18,13 @@ would collide. The training itself (stages, loop, steps) is multiformer_jax/trai
 
 import json
 import logging
+import os
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
+
+from multiformer_jax.runtime import cluster
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
                                           lock_config=True)
@@ -31,13 +35,23 @@ _COORDINATOR = flags.DEFINE_string(
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "multi-process: how many")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "multi-process: this process, 0-based")
 _DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "multi-process with the cluster's settings detected by "
-    "jax.distributed.initialize() (SLURM, Open MPI, Cloud TPU)")
+    "distributed", None, "multi-process with the cluster's settings: under SLURM (the "
+    "default where srun started several tasks) each task joins with every GPU its layout "
+    "gives it (runtime/cluster.py); elsewhere jax.distributed.initialize() detects them (Open "
+    "MPI, Cloud TPU). --nodistributed: one process per task, each its own run")
+_ACCEPT_CHANGES = flags.DEFINE_bool(
+    "accept_config_changes", False, "resume a run whose config changed in settings that alter "
+    "the model or the data order (refused otherwise, naming them); the changes are logged in "
+    "{workdir}/config_changes.jsonl")
+_PEER_TIMEOUT = flags.DEFINE_float(
+    "peer_timeout_s", 60.0, "multi-process: a process that gives no sign of life for this "
+    "long is taken for dead and the others stop, naming it (runtime/peers.py)")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def initialize_distributed(jax):
-  """jax.distributed.initialize from the flags (CPU processes talk through gloo)."""
+  """jax.distributed.initialize from the flags or SLURM's variables (CPU processes talk
+  through gloo)."""
   explicit = (_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   if any(v is not None for v in explicit):
     if any(v is None for v in explicit):
@@ -46,11 +60,18 @@ def initialize_distributed(jax):
     if not 0 <= _PROCESS_ID.value < _NUM_PROCESSES.value:
       raise app.UsageError(f"--process_id={_PROCESS_ID.value} must be in [0, "
                            f"{_NUM_PROCESSES.value})")
-  elif not _DISTRIBUTED.value:
+  elif not (_DISTRIBUTED.value or (_DISTRIBUTED.value is None and cluster.is_slurm() and
+                                   int(os.environ["SLURM_NTASKS"]) > 1)):
     return
   jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  # JAX's preemption service would install a C handler of SIGTERM over the run's own (which
+  # handles SIGINT and SIGUSR1 too, and agrees on the update to stop at: runtime/faults.py,
+  # training/agreement.py); orbax's preemption policy then reads it as never preempted.
+  jax.config.update("jax_enable_preemption_service", False)
   if explicit[0]:
     jax.distributed.initialize(*explicit)
+  elif cluster.is_slurm():
+    jax.distributed.initialize(**cluster.slurm_settings())
   else:
     jax.distributed.initialize()
 
@@ -58,32 +79,50 @@ def initialize_distributed(jax):
 def main(argv):
   del argv
   import jax  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.runtime import faults, peers  # pylint: disable=import-outside-toplevel
+  with faults.handling_stop_signals():
+    watch = None
+    status = "failed: see its log"
+    try:
+      initialize_distributed(jax)
+      if jax.process_count() > 1:
+        watch = peers.PeerWatch(_PEER_TIMEOUT.value).start()
+      _train(_CONFIG.value, _WORKDIR.value)
+      status = "finished"
+    except faults.Stopped as stopped:
+      status = f"stopped by {faults.signal_name(stopped.signum)}"
+      logging.getLogger("multiformer_jax").warning("%s", stopped)
+      sys.exit(faults.exit_code(stopped.signum))
+    except Exception as error:  # pylint: disable=broad-except  # told to the peers, raised
+      status = f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+      raise
+    finally:
+      if watch is not None:
+        watch.leave(status)
+
+
+def _train(config, workdir: str):
+  import jax  # pylint: disable=import-outside-toplevel
   from multiformer_jax.training import train  # after flag parsing: imports JAX
   from multiformer_jax.runtime.train_log import setup_logging
-  from multiformer_jax.runtime import faults  # pylint: disable=import-outside-toplevel
   from multiformer_jax.runtime import compile_clock  # pylint: disable=import-outside-toplevel
-  initialize_distributed(jax)
-  setup_logging()
-  compile_clock.use_compilation_cache(_CONFIG.value)
-  try:
-    results = train.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
-  except faults.Preempted as stopped:
-    logging.getLogger("multiformer_jax").warning("%s", stopped)
-    sys.exit(faults.PREEMPTED_EXIT_CODE)
+  setup_logging().info("%s", cluster.describe_process(jax))
+  compile_clock.use_compilation_cache(config)
+  results = train.train_and_evaluate(config, workdir, _ACCEPT_CHANGES.value)
   if jax.process_index() != 0:
     return
   print(json.dumps(results, indent=1, ensure_ascii=False))
   if any("eval" in r for r in results.values()):
     from multiformer_jax import ablate  # pylint: disable=import-outside-toplevel
     from multiformer_jax.training import curves  # pylint: disable=import-outside-toplevel
-    splits = train.evaluated_splits(_CONFIG.value)
-    rows = [ablate.collect_row(_WORKDIR.value, f"{_CONFIG.value.name} {split}", split=split)
+    splits = train.evaluated_splits(config)
+    rows = [ablate.collect_row(workdir, f"{config.name} {split}", split=split)
             for split in splits]
-    md_path, _ = ablate.write_table(rows, _WORKDIR.value)
+    md_path, _ = ablate.write_table(rows, workdir)
     with open(md_path, encoding="utf-8") as f:
       print(f.read())
     for split in splits:
-      shown = curves.examples(_WORKDIR.value, split)
+      shown = curves.examples(workdir, split, config)
       if shown:
         print(f"{len(shown)} {split} examples (reference, then hypothesis):\n"
               f"{curves.format_examples(shown)}")
@@ -127,11 +166,8 @@ def cli():
   """The command: unknown config keys named, tcmalloc and huge pages set up (the process
   re-executes itself once for them), the XLA flags, then absl's app."""
   check_config_overrides(sys.argv[1:])
-  from multiformer_jax.runtime import host_memory  # re-executes with huge pages where that helps
-  host_memory.fetch_tcmalloc()   # once into the user's cache, where the system has no tcmalloc
-  host_memory.set_up_host_allocator()
-  from multiformer_jax.runtime.xla_flags import add_default_xla_flags
-  add_default_xla_flags()
+  from multiformer_jax.runtime import process_setup  # pylint: disable=import-outside-toplevel
+  process_setup.set_up(fetch_tcmalloc=True)   # re-executes with tcmalloc and huge pages
   run_app()
 
 

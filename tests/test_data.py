@@ -12,6 +12,7 @@ import pytest
 from data_prep import corpora, prepare
 from data_prep.features import SpecAugment, fbank, utterance_cmvn
 from multiformer_jax.data import input_pipeline as ip
+from tests.conftest import write_split
 from tests.kaldi_reference import kaldi_fbank
 
 RNG = np.random.default_rng(0)
@@ -132,6 +133,28 @@ def test_missing_or_mislaid_corpus_names_the_directory_and_layout(tmp_path):
     corpora.read_mustc(str(tmp_path), "en-de", "train")
   with pytest.raises(ValueError, match="unknown mustc split 'test'"):
     corpora.read_mustc(str(tmp_path), "en-de", "test")
+
+
+def test_text_that_is_not_utf8_is_skipped_and_counted_naming_the_file(tmp_path, caplog):
+  root = str(tmp_path / "corpus")
+  write_split(root, "train", {"t0": ("wav", 4.0, [(0.2, 1.0, "one two", "eins zwei"),
+                                                  (1.5, 1.0, "three", "drei"),
+                                                  (2.8, 1.0, "four five", "vier fuenf")])})
+  target = os.path.join(root, "en-de", "data", "train", "txt", "train.de")
+  with open(target, "rb") as f:
+    lines = f.read().split(b"\n")
+  lines[1] = b"dr\xe4i (Latin-1, not UTF-8)"
+  with open(target, "wb") as f:
+    f.write(b"\n".join(lines))
+  out = str(tmp_path / "prepared")
+  with caplog.at_level("WARNING", logger="data_prep"):
+    prepare.prepare("mustc", root, ["en-de"], out, ["train"], asr_vocab=20, st_vocab=20,
+                    workers=1, progress=False)
+  assert f"{target}: 1 lines are not UTF-8 (the first: line 2)" in caplog.text
+  with open(os.path.join(out, "prep_report.json"), encoding="utf-8") as f:
+    report = json.load(f)["train"]
+  assert report["skipped"] == {"text not UTF-8": 1} and report["kept"] == 2
+  assert report["skipped_examples"]["text not UTF-8"] == ["t0_1"]
 
 
 def test_bad_input_is_skipped_or_repaired_with_its_reason(prepared):

@@ -4,10 +4,13 @@ a full disk, and training batches assembled ahead by worker processes."""
 import errno
 import json
 import os
+import re
+import shutil
 import types
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -120,6 +123,54 @@ def test_a_killed_preparation_keeps_finished_shards_and_finishes_on_rerun(prepar
   for name, before in written.items():         # finished shards were kept, not rewritten
     after = os.stat(os.path.join(shards, name))
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+  for got, want in zip(_records(out, "train"), _records(sharded[1], "train")):
+    assert got["id"] == want["id"]
+    np.testing.assert_array_equal(got["fbank"], want["fbank"])
+
+
+def test_a_killed_preparation_worker_is_named_with_its_shard_and_the_rerun_finishes(
+    prepared, sharded, tmp_path):
+  """A worker SIGKILLed as it starts shard 2 (what the kernel's OOM killer does): the
+  preparation stops at once naming the shard, not waiting for ever; the rerun finishes with
+  the records of an uninterrupted preparation."""
+  root = prepared[0]
+  out = str(tmp_path / "worker_killed")
+  started = time.monotonic()
+  result = subprocess.run(
+      [sys.executable, "-m", "data_prep.prepare", "--corpus", "mustc", "--root", root,
+       "--pairs", "en-de", "--out", out, "--splits", "train,dev", "--asr-vocab", "40",
+       "--st-vocab", "40", "--workers", "2", "--shard-frames", str(SMALL_SHARD_FRAMES)],
+      env={**os.environ, prepare.FAULT_ENV: "prepare.train.worker:2"}, capture_output=True,
+      text=True, timeout=300, check=False)
+  assert time.monotonic() - started < 240                      # generous: it does not hang
+  assert result.returncode == 2, result.stderr[-3000:]
+  assert re.search(r"a preparation worker died while writing \S+/train/00002-of-\d+\.f32 "
+                   r"\(pid \d+\): killed", result.stderr), result.stderr[-3000:]
+  assert "rerun the same command to resume" in result.stderr
+  summary = _prepare(root, out, workers=2, shard_frames=SMALL_SHARD_FRAMES)
+  assert summary == sharded[0]
+  for got, want in zip(_records(out, "train"), _records(sharded[1], "train")):
+    assert got["id"] == want["id"]
+    np.testing.assert_array_equal(got["fbank"], want["fbank"])
+
+
+def test_a_truncated_shard_is_named_when_a_run_starts_and_repaired_by_the_command(
+    prepared, sharded, tmp_path):
+  out = str(tmp_path / "truncated")
+  shutil.copytree(sharded[1], out)
+  shard = os.path.join(out, feature_store.DIRECTORY, "train", "00003-of-%05d.f32"
+                       % sharded[0]["shards"]["train"])
+  with open(shard, "r+b") as f:
+    f.truncate(os.path.getsize(shard) // 2 // 320 * 320)        # whole rows, too few
+  with pytest.raises(ValueError, match=r"1 feature shard\(s\) of train in .* are shorter "
+                                       r"than the index says: .*00003-of-\d+\.f32: \d+ bytes, "
+                                       r"\d+ needed.*python -m data_prep.prepare --repair "
+                                       r"--out .*truncated"):
+    ip.SplitData(ip.PipelineConfig(out), "train")
+  result = subprocess.run([sys.executable, "-m", "data_prep.prepare", "--repair", "--out", out,
+                           "--workers", "1"], capture_output=True, text=True, timeout=300,
+                          check=False)
+  assert result.returncode == 0 and "1 shard(s) rewritten" in result.stdout, result.stderr
   for got, want in zip(_records(out, "train"), _records(sharded[1], "train")):
     assert got["id"] == want["id"]
     np.testing.assert_array_equal(got["fbank"], want["fbank"])

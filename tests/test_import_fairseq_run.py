@@ -71,7 +71,7 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
   # (small batches and short hypotheses keep the test fast; the search is the same).
   config.eval.batch_frames, config.eval.max_len_b = 300, 12
   scores = evaluate.evaluate_stage(config, out, "st", "dev", progress=False)
-  with open(os.path.join(out, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+  with open(os.path.join(scores["directory"], "hyp.txt"), encoding="utf-8") as f:
     through_run = f.read().split("\n")[:-1]
   # Directly: the fixture's parameters converted in memory, the same search.
   model_config, params, _ = import_fairseq.load_checkpoint(FIXTURE)

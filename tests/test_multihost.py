@@ -4,25 +4,32 @@ and both resume from the same step (jit, two micro-batches an update), and data 
 (none waits for ever)."""
 
 import os
+import re
 import shutil
+import signal
 import subprocess
+import time
 
 import jax
 import numpy as np
+import pytest
 
+from multiformer_jax.runtime import peers
 from multiformer_jax.runtime.train_log import DONE
 from tests.test_reliability import _final_state, _free_port, _run, _write_config
+from tests.test_signals import assert_same_checkpoints
 from tests.test_train import devices_flag
 
 UPDATES, EVERY = 8, 4
 
 
-def _two_processes(config_file, workdir, fault=None):
-  """Runs the config's training as two processes; -> ([exit codes], [stderr])."""
+def _two_processes(config_file, workdir, fault=None, faults=(None, None), extra=()):
+  """Runs the config's training as two processes (`fault` for both, or `faults` one each);
+  -> ([exit codes], [stderr])."""
   port = _free_port()
-  processes = [_run(config_file, workdir, fault,
+  processes = [_run(config_file, workdir, fault or faults[i],
                     extra=[f"--coordinator=127.0.0.1:{port}", "--num_processes=2",
-                           f"--process_id={i}"],
+                           f"--process_id={i}", *extra],
                     env_update={"XLA_FLAGS": devices_flag(1)},
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                for i in range(2)]
@@ -36,10 +43,10 @@ def _assert_same_final_state(workdir_a, workdir_b):
   assert meta_a["iterator"] == meta_b["iterator"] and meta_a["dev_loss"] == meta_b["dev_loss"]
 
 
-def _reference(prepared_dir, folder, parallel, update_freq=1):
+def _reference(prepared_dir, folder, parallel, update_freq=1, extra_lines=()):
   """(config file, workdir) of an uninterrupted two-process run of the tiny ASR stage."""
   config_file = _write_config(folder / f"tiny_{parallel}.py", prepared_dir, UPDATES, EVERY,
-                              parallel, update_freq)
+                              parallel, update_freq, extra_lines)
   workdir = str(folder / "reference")
   codes, logs = _two_processes(config_file, workdir)
   assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
@@ -47,8 +54,16 @@ def _reference(prepared_dir, folder, parallel, update_freq=1):
   return config_file, workdir
 
 
-def test_a_killed_two_process_run_resumes_bit_for_bit(prepared, tmp_path):
-  config_file, reference = _reference(prepared[1], tmp_path, "pmap")
+@pytest.fixture(scope="module")
+def pmap_reference(prepared, tmp_path_factory):
+  """Two processes under pmap, the dev split decoded (dev WER) by process 0 at every
+  evaluation in two batches."""
+  return _reference(prepared[1], tmp_path_factory.mktemp("pmap"), "pmap", extra_lines=[
+      "config.eval.score_dev = True", "config.data.max_frames = 1500"])
+
+
+def test_a_killed_two_process_run_resumes_bit_for_bit(pmap_reference, tmp_path):
+  config_file, reference = pmap_reference
   workdir = str(tmp_path / "killed")
   codes, logs = _two_processes(config_file, workdir, fault="asr.update:6")
   assert codes == [-9, -9], logs[0][-2000:] + logs[1][-2000:]
@@ -56,6 +71,31 @@ def test_a_killed_two_process_run_resumes_bit_for_bit(prepared, tmp_path):
   assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
   assert all(f"resumed stage asr from step {EVERY}" in log for log in logs)
   _assert_same_final_state(reference, workdir)
+
+
+def test_a_signal_to_one_of_two_processes_stops_both_after_the_same_update(pmap_reference,
+                                                                          tmp_path):
+  config_file, reference = pmap_reference
+  workdir = str(tmp_path / "signalled")
+  # SIGUSR1 to process 1 alone after update 3: both stop after update 4 (its evaluation is
+  # left for the rerun), exit 138, and save the same progress checkpoint.
+  codes, logs = _two_processes(config_file, workdir,
+                               faults=(None, "asr.update:3=SIGUSR1@process"))
+  assert codes == [138, 138], logs[0][-3000:] + logs[1][-3000:]
+  assert all("stopped by SIGUSR1 in stage asr after update 4" in log for log in logs)
+  assert not any("Traceback" in log for log in logs)
+  assert os.listdir(os.path.join(workdir, "asr", "progress")) == ["4"]
+  # The rerun starts with that evaluation; SIGTERM reaches process 1 alone while process 0
+  # decodes the dev split: both stop at the same update (the decoding cut short or not).
+  codes, logs = _two_processes(config_file, workdir, faults=(None, "asr.dev_wait:4=SIGTERM@process"))
+  assert codes == [143, 143], logs[0][-3000:] + logs[1][-3000:]
+  stopped = [re.search(r"stopped by SIGTERM in stage asr after update (\d+)", log).group(1)
+             for log in logs]
+  assert stopped[0] == stopped[1], stopped
+  codes, logs = _two_processes(config_file, workdir)
+  assert codes == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+  _assert_same_final_state(reference, workdir)
+  assert_same_checkpoints(reference, workdir)
 
 
 def test_a_corrupt_latest_checkpoint_is_moved_aside_once_and_both_resume_from_the_same_step(
@@ -85,3 +125,25 @@ def test_missing_data_stops_both_processes_with_the_reason(tmp_path):
   assert codes[0] != 0 and codes[1] != 0
   assert "is not prepared and data.root is empty" in logs[0]
   assert "process 0 failed preparing" in logs[1]
+
+
+def test_when_one_of_two_processes_dies_the_other_stops_naming_it(prepared, tmp_path):
+  config_file = _write_config(tmp_path / "long.py", prepared[1], 200, 100)
+  for killed in (1, 0):                  # a worker; the coordinator (process 0) itself
+    faults = [None, None]
+    faults[killed] = "asr.update:3"
+    started = time.monotonic()
+    codes, logs = _two_processes(config_file, str(tmp_path / f"run{killed}"), faults=faults,
+                                 extra=["--peer_timeout_s=15"])
+    survivor = 1 - killed
+    assert codes[killed] == -signal.SIGKILL, logs[killed][-3000:]
+    assert time.monotonic() - started < 600                  # generous: it does not hang
+    if killed == 1:       # named by the watch: it gave no sign of life for --peer_timeout_s
+      assert codes[survivor] == peers.PEER_LOST_EXIT_CODE, logs[survivor][-3000:]
+      assert re.search(r"process 1 \(host \S+, pid \d+\) has given no sign of life",
+                       logs[survivor]), logs[survivor][-3000:]
+    else:                 # JAX's client ends it at once: process 0 ran the coordination service
+      assert codes[survivor] == -signal.SIGABRT, logs[survivor][-3000:]
+      assert re.search(r"process 0 \(host \S+, pid \d+\) runs this run's coordination "
+                       r"service", logs[survivor])
+      assert "the JAX distributed service detected fatal errors" in logs[survivor]

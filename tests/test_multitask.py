@@ -193,7 +193,7 @@ def test_head_selection_per_stack_with_a_zero_shot_direction_end_to_end(multilin
   assert st["averages"]["AVG-T"] == pytest.approx(
       np.mean([bleu[p] for p in TRANSLATION_PAIRS]), abs=0.01)
   assert st["averages"]["AVG-A"] == pytest.approx(np.mean(list(bleu.values())), abs=0.01)
-  with open(os.path.join(workdir, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+  with open(os.path.join(st["directory"], "hyp.txt"), encoding="utf-8") as f:
     assert "<lang:" not in f.read()                         # the forced tag is stripped
   row = ablate.collect_row(workdir, "multi")
   assert row["st_bleu_by_task"].startswith("en-de ") and " · es-de " in row["st_bleu_by_task"]

@@ -48,3 +48,51 @@ def test_the_cpu_kernels_sources_ship_with_the_package():
     text = (cpu_kernels.SOURCE_DIR / name).read_text()
     local = {h for h in re.findall(r'#include "([^"]+)"', text) if not h.startswith("xla/")}
     assert local <= set(cpu_kernels.HEADERS), (name, local)
+
+
+def _main_block(path: str) -> list[str]:
+  """The statements of a module's `if __name__ == "__main__":` block, as source."""
+  import ast  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(REPO, path), encoding="utf-8") as f:
+    tree = ast.parse(f.read())
+  for node in tree.body:
+    if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test):
+      return [ast.unparse(statement) for statement in node.body]
+  return []
+
+
+def test_every_command_sets_its_process_up_as_its_python_m_form_does():
+  """The console scripts of the commands that compute (evaluate, analyze, translate, train)
+  set the process up first (runtime/process_setup.py: allocator, XLA flags) and are what
+  their `python -m` forms run: those call `cli()` and nothing else."""
+  import inspect  # pylint: disable=import-outside-toplevel
+  from multiformer_jax import train  # pylint: disable=import-outside-toplevel
+  scripts = _pyproject()["project"]["scripts"]
+  for name in ("multiformer-evaluate", "multiformer-analyze", "multiformer-translate"):
+    module, function = scripts[name].split(":")
+    assert getattr(getattr(importlib.import_module(module), function), "sets_up_process",
+                   False), name
+    assert _main_block(module.replace(".", "/") + ".py") == ["cli()"], name
+  for shim in ("evaluate", "analyze", "translate"):
+    path = f"multiformer_jax/{shim}.py"
+    assert _main_block(path) == ["cli()"], path
+    assert importlib.import_module(f"multiformer_jax.{shim}").cli.sets_up_process, path
+  assert scripts["multiformer-train"] == "multiformer_jax.train:cli"
+  assert "process_setup.set_up(" in inspect.getsource(train.cli)
+  assert _main_block("multiformer_jax/train.py") == ["cli()"]
+
+
+def test_the_gpu_install_is_one_command_that_the_guide_shows():
+  """requirements-gpu.txt replaces jax and jaxlib alone (one release for both, with its CUDA
+  plugin); its install line is the one docs/cluster.md gives."""
+  with open(os.path.join(REPO, "requirements-gpu.txt"), encoding="utf-8") as f:
+    text = f.read()
+  pins = [line for line in text.splitlines() if line and not line.startswith("#")]
+  names = {pin.split("==")[0] for pin in pins}
+  assert names == {"jax[cuda13]", "jaxlib"}
+  assert len({pin.split("==")[1] for pin in pins}) == 1
+  command = "pip install -q -r requirements.txt && .venv/bin/pip install -q -r " \
+            "requirements-gpu.txt"
+  assert command in text
+  with open(os.path.join(REPO, "docs", "cluster.md"), encoding="utf-8") as f:
+    assert command in f.read()

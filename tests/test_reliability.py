@@ -37,9 +37,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAX_UPDATES, EVAL_EVERY = 8, 4
 
 
-def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap", update_freq=1):
-  """A config file for run.py: the tiny ASR stage (`update_freq` micro-batches an update)."""
+def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap", update_freq=1,
+                  extra_lines=()):
+  """A config file for run.py: the tiny ASR stage (`update_freq` micro-batches an update),
+  then `extra_lines` (statements on `config`)."""
   cache = os.path.join(os.path.expanduser("~"), ".cache", "multiformer_jax", "jax-tests")
+  extra = "".join(f"\n  {line}" for line in extra_lines)
   path.write_text(textwrap.dedent(f"""
       from tests.test_train import tiny_config
 
@@ -50,9 +53,7 @@ def _write_config(path, prepared_dir, max_updates, eval_every, parallel="pmap", 
         config.train.log_every = 1
         config.train.parallel = {parallel!r}
         config.asr.update_freq = {update_freq}
-        config.train.compilation_cache = {cache!r}
-        return config
-      """))
+        config.train.compilation_cache = {cache!r}""") + extra + "\n  return config\n")
   return str(path)
 
 
@@ -90,13 +91,17 @@ def _assert_same_state(workdir_a, workdir_b):
   assert meta_a["dev_loss"] == meta_b["dev_loss"]
 
 
-@pytest.fixture(scope="module")
-def reference(config_file, tmp_path_factory):
-  """An uninterrupted run of the same command."""
-  workdir = str(tmp_path_factory.mktemp("reference"))
+def uninterrupted_run(config_file, workdir: str) -> str:
+  """run.py with `config_file` into `workdir`, to its end; -> the workdir."""
   result = _run(config_file, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
   return workdir
+
+
+@pytest.fixture(scope="module")
+def reference(config_file, tmp_path_factory):
+  """An uninterrupted run of the same command."""
+  return uninterrupted_run(config_file, str(tmp_path_factory.mktemp("reference")))
 
 
 def test_sigkill_at_several_points_then_rerun_gives_the_same_parameters(config_file,
@@ -133,13 +138,19 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly_then_resumes(config_file, 
   rest = process.stderr.read()
   assert process.wait(timeout=600) == faults.PREEMPTED_EXIT_CODE, "".join(seen) + rest
   assert "Traceback" not in rest and "stopped by SIGTERM" in rest
-  steps = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints")).steps()
-  assert steps and steps[-1] < MAX_UPDATES
-  _, meta = _final_state(workdir, steps[-1])
-  assert meta["saved_on"] == "SIGTERM" and meta["dev_loss"] is None
+  # A progress checkpoint, outside the evaluation checkpoints (never evaluated or averaged).
+  checkpoints = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"),
+                                          progress_directory=os.path.join(workdir, "asr",
+                                                                          "progress"))
+  steps = list(checkpoints.progress.all_steps())
+  assert len(steps) == 1 and steps[0] < MAX_UPDATES
+  assert checkpoints.steps() == [s for s in (EVAL_EVERY,) if s < steps[0]]
+  meta = checkpoints.progress.restore(steps[0], args=ckpt_lib.ocp.args.Composite(
+      meta=ckpt_lib.ocp.args.JsonRestore()))["meta"]
+  assert meta["saved_on"] == "SIGTERM" and "dev_loss" not in meta
   result = _run(config_file, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert f"resumed stage asr from step {steps[-1]}" in result.stderr
+  assert f"resumed stage asr from step {steps[0]}" in result.stderr
   _assert_same_state(reference, workdir)
 
 
@@ -155,7 +166,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(config_file, r
         f.truncate(max(os.path.getsize(f.name) // 3, 0))
   result = _run(config_file, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert f"checkpoint {MAX_UPDATES}" in result.stderr and "does not restore" in result.stderr
+  assert f"checkpoint {MAX_UPDATES}" in result.stderr and "is damaged (state/" in result.stderr
   assert f"resumed stage asr from step {MAX_UPDATES - EVAL_EVERY}" in result.stderr
   aside = os.path.join(workdir, "asr", "checkpoints", f"corrupt-{MAX_UPDATES}")
   assert os.path.isdir(aside)                       # kept for inspection, not deleted
@@ -254,9 +265,45 @@ def test_training_skips_utterances_longer_than_max_source_frames(prepared):
                           False)
   assert not evaluation.too_long                       # evaluation never drops an utterance
   config.data.max_source_frames = int(data.n_frames.min()) - 1
-  with pytest.raises(ValueError, match="every utterance of train is longer than "
-                                       "data.max_source_frames"):
+  with pytest.raises(ValueError, match=r"every utterance of train is skipped: \{'longer than "
+                                       r"data.max_source_frames=\d+': 40\}.*raise "
+                                       r"data.max_source_frames"):
     ip.Batcher(ip.SplitData(experiment.pipeline_config(config, "asr"), "train"), True)
+
+
+def test_dev_utterances_and_targets_that_no_batch_can_take_are_skipped_and_counted(prepared):
+  """A dev utterance longer than a batch, and targets longer than the decoder's positions,
+  are skipped in the dev loss and training, each counted with its reason, instead of stopping
+  training or being cut; evaluation keeps every one."""
+  _, prepared_dir = prepared
+  config = tiny_config(prepared_dir)
+  dev = ip.SplitData(experiment.pipeline_config(config, "asr", "dev"), "dev")
+  longest = int(dev.n_frames.max())
+  config.data.max_frames = (longest - 1) // 16 * 16     # the longest dev utterance cannot fit
+  config.model.max_target_positions = 6                 # 5 tokens before EOS
+  dev = ip.SplitData(experiment.pipeline_config(config, "asr", "dev"), "dev")
+  batcher = ip.Batcher(dev, False, skip_unfit=True)
+  limit = (longest - 1) // 16 * 16
+  frames_reason = f"longer than a batch of data.max_frames={limit} ({limit} frames on each " \
+                  f"of 1 devices)"
+  target_reason = "a target longer than 5 tokens (model.max_target_positions - 1)"
+  unfit = dev.n_frames > limit
+  assert batcher.skipped[frames_reason] == [str(i) for i in dev.ids[unfit]]
+  over = [str(i) for i, cut, no_fit in zip(dev.ids, dev.target_too_long, unfit)
+          if cut and not no_fit]
+  assert over and batcher.skipped[target_reason] == over
+  planned = np.concatenate([idx for _, idx in batcher.epoch_plan(0)])
+  assert len(planned[planned >= 0]) == len(dev) - len(over) - int(unfit.sum())
+  config.data.max_frames = 3000
+  train_data = ip.SplitData(experiment.pipeline_config(config, "asr"), "train")
+  assert ip.Batcher(train_data, True).skipped[target_reason] == [
+      str(i) for i, cut in zip(train_data.ids, train_data.target_too_long) if cut]
+  config.eval.batch_frames = 3000
+  test = ip.SplitData(experiment.pipeline_config(config, "asr", "test"), "dev")
+  evaluation = ip.Batcher(test, False)
+  assert not evaluation.skipped                          # evaluation decodes every one
+  planned = np.concatenate([idx for _, idx in evaluation.epoch_plan(0)])
+  assert len(planned[planned >= 0]) == len(test)
 
 
 def test_an_asr_encoder_that_does_not_fit_the_st_config_is_named(prepared):

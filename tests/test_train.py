@@ -27,6 +27,7 @@ from multiformer_jax.training import transfer
 from multiformer_jax.evaluation.metrics import corpus_wer, normalize_for_wer
 from multiformer_jax.training.loss import label_smoothed_nll
 from multiformer_jax.evaluation import inference
+from multiformer_jax.evaluation import results as eval_results
 
 
 def tiny_config(prepared_dir, **stage):
@@ -87,7 +88,7 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
     assert set(summary["compile_phases_s"]) == {"trace", "lower", "compile"}
     assert summary["compile_s"] <= sum(summary["compile_phases_s"].values()) + 0.2
   assert "BLEU" in results["st"]["eval"]["detail"] and "signature" in results["st"]["eval"]
-  assert os.path.exists(os.path.join(workdir, "st", "eval_dev", "hyp.txt"))
+  assert os.path.exists(os.path.join(results["st"]["eval"]["directory"], "hyp.txt"))
   # fairseq's schedule gives update 1 a learning rate of 0, so the ST checkpoint of step 1
   # holds the initial ST parameters: its encoder is the ASR encoder, exactly.
   asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
@@ -109,10 +110,13 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   for stage in ("asr", "st"):
     with open(os.path.join(workdir, stage, "learning_curve.png"), "rb") as f:
       assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-  shown = curves.examples(workdir, "dev", 5)
-  with open(os.path.join(workdir, "st", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+  shown = curves.examples(workdir, "dev", config, 5)
+  st_eval = eval_results.directory(workdir, "st", "dev",
+                                   eval_results.search_settings(config, "st"))
+  assert eval_results.find(workdir, "st", "dev", config) == st_eval
+  with open(os.path.join(st_eval, "hyp.txt"), encoding="utf-8") as f:
     st_hyps = f.read().split("\n")[:-1]
-  with open(os.path.join(workdir, "st", "eval_dev", "ids.txt"), encoding="utf-8") as f:
+  with open(os.path.join(st_eval, "ids.txt"), encoding="utf-8") as f:
     ids = f.read().split("\n")[:-1]
   assert len(shown) == 5 and len(ids) == len(st_hyps) == 15
   for example in shown:
@@ -121,13 +125,18 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   assert shown[0]["id"] in curves.format_examples(shown)
   # n-best rescoring with a word LM at a negligible weight keeps the search's best hypotheses.
   from multiformer_jax.evaluation import evaluate
-  with open(os.path.join(workdir, "asr", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+  with open(os.path.join(results["asr"]["eval"]["directory"], "hyp.txt"),
+            encoding="utf-8") as f:
     searched = f.read()
   rescored = evaluate.evaluate_stage(config, workdir, "asr", "dev", progress=False,
                                      lm_weight=1e-9)
   assert rescored["lm"] == {"weight": 1e-9, "order": 3, "unigram": "wordfreq"}
   assert "word 3-gram LM" in rescored["search"]
-  with open(os.path.join(workdir, "asr", "eval_dev", "hyp.txt"), encoding="utf-8") as f:
+  # Kept beside the first evaluation (other search settings), which stays the run's own.
+  assert rescored["directory"] != results["asr"]["eval"]["directory"]
+  assert eval_results.find(workdir, "asr", "dev", config) == \
+      results["asr"]["eval"]["directory"]
+  with open(os.path.join(rescored["directory"], "hyp.txt"), encoding="utf-8") as f:
     assert f.read() == searched
   with open(csv_path, encoding="utf-8") as f:
     assert f.read().startswith(",".join(ablate.COLUMNS))

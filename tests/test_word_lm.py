@@ -10,7 +10,7 @@ import pytest
 
 from configs import default
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation import evaluate, word_lm
+from multiformer_jax.evaluation import results, word_lm
 from multiformer_jax.evaluation.inference import decode_split
 from multiformer_jax.experiment import pipeline_config
 
@@ -165,25 +165,25 @@ def test_decode_split_keeps_the_hypothesis_pick_chooses(prepared):
 
 def test_lm_settings_read_the_eval_config():
   config = default.get_config()
-  assert evaluate.lm_settings(config, "asr") is None                   # weight 0: no LM
+  assert results.lm_settings(config, "asr") is None                   # weight 0: no LM
   config.eval.lm_weight = 0.3
-  assert evaluate.lm_settings(config, "asr") == {"weight": 0.3, "order": 3,
+  assert results.lm_settings(config, "asr") == {"weight": 0.3, "order": 3,
                                                  "unigram": "wordfreq"}
-  assert evaluate.lm_settings(config, "st") is None                    # not in lm_stages
-  assert evaluate.lm_settings(config, "asr", 0.0) is None              # the CLI's --lm_weight
+  assert results.lm_settings(config, "st") is None                    # not in lm_stages
+  assert results.lm_settings(config, "asr", 0.0) is None              # the CLI's --lm_weight
   config.eval.lm_stages = ("asr", "mt")
   with pytest.raises(ValueError, match="lm_stages"):
-    evaluate.lm_settings(config, "asr")
+    results.lm_settings(config, "asr")
   config.eval.lm_stages = ("asr",)
   with pytest.raises(ValueError, match="lm_weight=-1"):
-    evaluate.lm_settings(config, "asr", -1.0)
+    results.lm_settings(config, "asr", -1.0)
   config.eval.lm_weight = 0.0               # refused whatever the weight
   config.eval.lm_unigram = "zipf"
   with pytest.raises(ValueError, match="lm_unigram='zipf'; valid: .*wordfreq"):
-    evaluate.lm_settings(config, "asr")
+    results.lm_settings(config, "asr")
   config.eval.lm_unigram, config.eval.lm_order = "uniform", 0
   with pytest.raises(ValueError, match="lm_order=0; valid: an integer >= 1"):
-    evaluate.lm_settings(config, "st")
+    results.lm_settings(config, "st")
 
 
 def test_training_refuses_bad_lm_settings_before_it_starts(tmp_path):

@@ -38,8 +38,7 @@ from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib
 from multiformer_jax.analysis import internals, plots
 from multiformer_jax.analysis import selection as selection_lib
-from multiformer_jax.runtime.host_memory import set_up_host_allocator
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags
+from multiformer_jax.runtime import process_setup
 
 DEFAULT_FULL_CL_THRESHOLD = 0.25
 
@@ -441,11 +440,10 @@ def main(argv=None):
   print(json.dumps(result["paths"], indent=1))
 
 
-# The command line and console script: user errors -> their message and exit status 2.
-cli = cli_errors.command_line_entry(main)
+# The command line and console script: the process set up, user errors -> their message and
+# exit status 2.
+cli = process_setup.command(cli_errors.command_line_entry(main))
 
 
 if __name__ == "__main__":
-  set_up_host_allocator()
-  add_default_xla_flags()
   cli()

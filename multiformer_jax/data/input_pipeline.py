@@ -118,7 +118,11 @@ def batch_tasks(batch):
   return batch.get("encoder_task"), batch.get("decoder_task")
 
 
-def bucket_boundaries(lengths: np.ndarray, num_buckets: int, multiple: int = 16) -> np.ndarray:
+BUCKET_FRAMES = 16           # bucket edges are multiples of this many frames
+
+
+def bucket_boundaries(lengths: np.ndarray, num_buckets: int,
+                      multiple: int = BUCKET_FRAMES) -> np.ndarray:
   """The at most `num_buckets` bucket edges (multiples of `multiple`, the last one the longest
   length) that minimise the padded frames of the split: the sum over utterances of the edge of
   their bucket. The cost of a batch is that of its padded shape, so these edges give the most
@@ -262,6 +266,13 @@ class SplitData:
       self.store = feature_store.FeatureStore(
           [os.path.join(prepared, f) for f in self.summary["feature_files"][split]],
           index["feature_file"], index["feature_offset"], self.n_frames, self.feature_dim)
+      damaged = self.store.damaged_files()
+      if damaged:
+        raise ValueError(
+            f"{len(damaged)} feature shard(s) of {split} in {prepared} are shorter than the "
+            f"index says: {'; '.join(damaged[:5])}. Rewrite them (the corpus's audio is read "
+            f"again for those shards alone): "
+            f"{feature_store.REPAIR_COMMAND.format(prepared=prepared)}")
     else:
       raise ValueError(
           f"{prepared} was prepared in an earlier format (features inside TFDS ArrayRecord "
@@ -275,6 +286,7 @@ class SplitData:
     part.rows = self.rows[keep]
     part.n_frames, part.ids = self.n_frames[keep], self.ids[keep]
     part.tokens = self.tokens.take(keep)
+    part.target_too_long = self.target_too_long[keep]
     if self.source_tokens is not None:
       part.source_tokens = self.source_tokens.take(keep)
     part.references = [r for r, k in zip(self.references, keep) if k]
@@ -290,10 +302,13 @@ class SplitData:
 
   def _target_tokens(self, texts) -> Ragged:
     """Each row's target pieces, after its language tag where there is one, cut to
-    max_target_tokens."""
+    max_target_tokens; `target_too_long` [rows] marks the rows that were cut (training and dev
+    batches skip them, counted: Batcher)."""
     limit = self.config.max_target_tokens - (self.prefix is not None)
     prefixes = [()] * len(texts) if self.prefix is None else [(p,) for p in self.prefix]
-    return Ragged(list(p) + self.vocab.encode(str(t))[:limit] for p, t in zip(prefixes, texts))
+    encoded = [self.vocab.encode(str(t)) for t in texts]
+    self.target_too_long = np.array([len(e) > limit for e in encoded], bool)
+    return Ragged(list(p) + e[:limit] for p, e in zip(prefixes, encoded))
 
   def _lang_tag_ids(self, target_langs) -> np.ndarray:
     ids = {}
@@ -431,22 +446,43 @@ class Batcher:
 
   def __init__(self, data: SplitData, train: bool, global_batch_multiple: int = 1,
                process_index: int = 0, process_count: int = 1,
-               tasks: dict[str, TaskKey] | None = None):
+               tasks: dict[str, TaskKey] | None = None, skip_unfit: bool | None = None):
     """tasks: {'encoder' | 'decoder': TaskKey} of a multi-task model (batch fields
-    encoder_task / decoder_task)."""
+    encoder_task / decoder_task). skip_unfit (default: `train`): skip, and count in `skipped`,
+    the utterances a batch cannot take whole: in training those longer than
+    data.max_source_frames (fairseq's skip_invalid_size_inputs), otherwise (the dev loss)
+    those longer than a batch of data.max_frames; in both, a target longer than
+    max_target_tokens (it would be cut). Evaluation keeps every utterance."""
     cfg = data.config
     self.data, self.train = data, train
     self.process_index, self.process_count = process_index, process_count
     multiple = global_batch_multiple * process_count
-    # Training skips utterances longer than data.max_source_frames (fairseq's
-    # skip_invalid_size_inputs); evaluation keeps every utterance.
-    usable = data.n_frames <= cfg.max_source_frames if train else \
-        np.ones(len(data), bool)
-    self.too_long = [str(data.ids[i]) for i in np.flatnonzero(~usable)]
+    skip_unfit = train if skip_unfit is None else skip_unfit
+    usable = np.ones(len(data), bool)
+    self.skipped: dict[str, list[str]] = {}          # reason -> ids of the skipped utterances
+    if skip_unfit:
+      frames = cfg.max_source_frames if train else cfg.max_frames // multiple
+      # Outside training, as padded to its bucket (a multiple of BUCKET_FRAMES).
+      padded = data.n_frames if train else \
+          -(-data.n_frames // BUCKET_FRAMES) * BUCKET_FRAMES
+      for too_long, reason in (
+          (padded > frames, f"longer than data.max_source_frames={frames}" if train
+           else f"longer than a batch of data.max_frames={cfg.max_frames} ({frames} frames "
+                f"on each of {multiple} devices)"),
+          (data.target_too_long, f"a target longer than {cfg.max_target_tokens} tokens "
+                                 f"(model.max_target_positions - 1)")):
+        ids = [str(data.ids[i]) for i in np.flatnonzero(too_long & usable)]
+        if ids:
+          self.skipped[reason] = ids
+        usable &= ~too_long
+    self.too_long = [str(data.ids[i]) for i in np.flatnonzero(data.n_frames >
+                                                               cfg.max_source_frames)] \
+        if train else []
     if not usable.any():
-      raise ValueError(f"every utterance of {data.split} is longer than "
-                       f"data.max_source_frames={cfg.max_source_frames} (shortest: "
-                       f"{int(data.n_frames.min())} frames); raise data.max_source_frames")
+      raise ValueError(f"every utterance of {data.split} is skipped: "
+                       f"{ {r: len(ids) for r, ids in self.skipped.items()} } (shortest: "
+                       f"{int(data.n_frames.min())} frames); raise data.max_source_frames, "
+                       f"data.max_frames or model.max_target_positions")
     self.edges = bucket_boundaries(data.n_frames[usable], cfg.num_buckets)
     if self.edges[-1] * multiple > cfg.max_frames:
       raise ValueError(f"data.max_frames={cfg.max_frames} cannot hold {multiple} utterances "

@@ -30,6 +30,8 @@ import weakref
 
 import numpy as np
 
+from data_prep.common import signals
+
 POLL_S = 1.0           # how often a wait for a batch checks that the workers are alive
 
 
@@ -128,11 +130,19 @@ def batch_bytes(batcher) -> int:
   return max(_layout_offsets(batcher.layout(b))[1] for b in range(len(batcher.buckets)))
 
 
-def _worker_main(batcher, tasks, results):
-  """A worker: (number, slot path, size, bucket, indices, epoch) -> the batch in the slot."""
+def _worker_main(batcher, tasks, results, parent: int):
+  """A worker: (number, slot path, size, bucket, indices, epoch) -> the batch in the slot.
+  Stop signals are its parent's (it ignores them); it ends when told to, or on its own once
+  its parent is gone (killed without closing the pool)."""
+  signals.ignore_stop_signals()
   maps = {}
   while True:
-    task = tasks.get()
+    try:
+      task = tasks.get(timeout=POLL_S)
+    except queue.Empty:
+      if os.getppid() != parent:
+        return
+      continue
     if task is None:
       return
     number, where, size, bucket, indices, epoch = task
@@ -160,12 +170,15 @@ class WorkerPool:
     self._task_slot = {}                     # number -> slot of submitted, untaken batches
     self._done = {}                          # number -> error text or None
     context = multiprocessing.get_context("spawn")
-    self._tasks, self._results = context.Queue(), context.Queue()
-    self._processes = [context.Process(target=_worker_main, daemon=True,
-                                       args=(batcher, self._tasks, self._results))
-                       for _ in range(workers)]
-    for process in self._processes:
-      process.start()
+    signals.start_resource_tracker()
+    with signals.stop_signals_blocked():       # the workers start ignoring them
+      self._tasks, self._results = context.Queue(), context.Queue()
+      self._processes = [context.Process(target=_worker_main, daemon=True,
+                                         args=(batcher, self._tasks, self._results,
+                                               os.getpid()))
+                         for _ in range(workers)]
+      for process in self._processes:
+        process.start()
     self._closed = False
 
   def submit(self, number: int, bucket: int, indices: np.ndarray, epoch: int):

@@ -6,7 +6,8 @@
         [--rate_norm_target 0.5]
 
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
-utterance of the split once, and writes `{workdir}/{stage}/eval_{split}/`: hyp.txt and
+utterance of the split once, and writes the directory of these settings,
+`{workdir}/{stage}/eval_{split}/{selection}_beam{B}_{digest}/` (evaluation/results.py): hyp.txt and
 ref.txt (detokenised, in corpus order) and results.json (score, sacreBLEU signature or WER
 normalisation, scores per language / pair / domain and the head-selection paper's averages
 (AVG-A / AVG-T / AVG-Z over directions, AVG over ASR languages), checkpoint description,
@@ -27,16 +28,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep.common import cli_errors
+from data_prep.common import atomic, cli_errors
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.runtime.host_memory import set_up_host_allocator
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags
+from multiformer_jax.runtime import process_setup
 from multiformer_jax.evaluation import word_lm
+from multiformer_jax.evaluation.results import RESULTS, search_settings
+from multiformer_jax.evaluation.results import directory as results_directory
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
                                                   make_translate_for, no_repeat_ngram_size,
-                                                  rate_norm_settings,
-                                                  score, setting_stages)
+                                                  rate_norm_settings, score)
 from multiformer_jax.model import S2TModel
 from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
                                          task_keys, training_pairs)
@@ -85,36 +86,11 @@ def paper_averages(stage: str, by_tag: dict, split_pairs, trained_pairs, left_ou
           "zero_shot_pairs": zero_shot}
 
 
-def averaged_count(config, checkpoint: str) -> int:
-  """How many checkpoints evaluation by `checkpoint` averages (1 for latest and best)."""
-  if checkpoint == "average":
-    return config.eval.average_last
-  if checkpoint == "around_best":
-    return config.eval.average_around_best
-  return 1
-
-
 def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
   """(params as device arrays, description) of a stage's checkpoint selection."""
   params, which = ckpt_lib.StageCheckpoints(
       os.path.join(workdir, stage, "checkpoints")).select_params(checkpoint, count)
   return jax.tree_util.tree_map(jnp.asarray, params), which
-
-
-def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
-  """The word-LM rescoring eval.lm_* asks of this stage ({weight, order, unigram}), or None
-  (weight 0, or the stage not in eval.lm_stages). `weight` replaces eval.lm_weight. Refuses
-  settings that are not valid, whatever the weight (training checks them before it starts)."""
-  e = config.eval
-  weight = e.lm_weight if weight is None else weight
-  stages = setting_stages(e, "lm_stages")
-  if weight < 0:
-    raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
-  order, unigram = e.lm_order, e.lm_unigram
-  word_lm.check_settings(order, unigram)
-  if not weight or stage not in stages:
-    return None
-  return {"weight": float(weight), "order": order, "unigram": unigram}
 
 
 def stage_language_model(config, stage: str, settings: dict) -> word_lm.WordLM:
@@ -148,12 +124,16 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
                    length_penalty: float | None = None, progress: bool = True,
                    min_len: int | None = None, ctc_weight: float | None = None,
                    lm_weight: float | None = None) -> dict:
+  """Decodes and scores `split` with the config's eval.* settings (each argument given replaces
+  its own), writing the results to the directory of these settings (results.directory)."""
   log = setup_logging()
   e = config.eval
-  checkpoint = checkpoint or e.checkpoint
-  average_last = average_last or averaged_count(config, checkpoint)
-  beam = beam or e.beam
-  length_penalty = e.length_penalty if length_penalty is None else length_penalty
+  settings = search_settings(config, stage, checkpoint, average_last, beam, length_penalty,
+                             min_len, ctc_weight, lm_weight)
+  checkpoint, average_last, beam = (settings["checkpoint"], settings["averaged"],
+                                    settings["beam"])
+  length_penalty, min_len, lm = (settings["length_penalty"], settings["min_len"],
+                                 settings["lm"])
   data = ip.SplitData(pipeline_config(config, stage, "test"), split)
   split_pairs = ip.split_tags(data)["pair"]
   # Task ids are the training split's (as in training), whatever the evaluated split holds.
@@ -165,12 +145,10 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   batcher = ip.Batcher(data, False, tasks=tasks)
   model = S2TModel(model_config_for(config, data.vocab.size, tasks, stage))
   params, which = stage_params(workdir, stage, checkpoint, average_last)
-  ctc_weight = joint_ctc_weight(model, e, ctc_weight)
+  ctc_weight = joint_ctc_weight(model, e, settings["ctc_weight"])
   log.info("evaluating %s on %s (%d utterances) with %s, beam %d%s", stage, split, len(data),
            which, beam, f", joint CTC/attention (ctc_weight {ctc_weight})" if ctc_weight else "")
-  min_len = e.min_len if min_len is None else min_len
   unk_penalty = e.unk_penalty
-  lm = lm_settings(config, stage, lm_weight)
   pick = lm_rescorer(config, stage, lm, beam, length_penalty) if lm else None
   translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight,
                                  nbest=lm is not None, stage=stage)
@@ -197,12 +175,11 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   left_out_pairs = sorted(set(split_pairs) - set(ip.split_tags(data)["pair"]))
   averages = paper_averages(stage, per_tag, split_pairs, training_pairs(config, stage),
                             left_out_pairs)
-  out_dir = os.path.join(workdir, stage, f"eval_{split}")
+  out_dir = results_directory(workdir, stage, split, settings)
   os.makedirs(out_dir, exist_ok=True)
   ids = [str(i) for i in data.ids]
   for name, lines in (("hyp.txt", hypotheses), ("ref.txt", references), ("ids.txt", ids)):
-    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
-      f.writelines(line + "\n" for line in lines)
+    atomic.write_text(os.path.join(out_dir, name), "".join(line + "\n" for line in lines))
   result = {"stage": stage, "split": split, "utterances": len(data), **overall,
             "by_tag": per_tag, "averages": averages,
             "task_keys": {side: k.field for side, k in (tasks or {}).items()},
@@ -212,9 +189,9 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
             "unk_penalty": unk_penalty, "ctc_weight": ctc_weight,
             "no_repeat_ngram_size": no_repeat_ngram_size(e, stage), "lm": lm,
             "rate_norm": rate if rate["rate_norm_target"] else None, "search": search,
-            "decode_s": round(time.time() - start, 1), "config": config.name}
-  with open(os.path.join(out_dir, "results.json"), "w", encoding="utf-8") as f:
-    json.dump(result, f, indent=1, ensure_ascii=False)
+            "decode_s": round(time.time() - start, 1), "config": config.name,
+            "settings": settings, "directory": out_dir}
+  atomic.write_json(os.path.join(out_dir, RESULTS), result, indent=1, ensure_ascii=False)
   log.info("%s %s: %s", stage, split, f"BLEU {overall['bleu']}, chrF {overall['chrf']}"
            if stage == "st" else f"WER {overall['wer']} (against shuffled references "
            f"{overall.get('wer_shuffled_references')})")
@@ -270,11 +247,10 @@ def main(argv=None):
   print(json.dumps(result, indent=1, ensure_ascii=False))
 
 
-# The command line and console script: user errors -> their message and exit status 2.
-cli = cli_errors.command_line_entry(main)
+# The command line and console script: the process set up, user errors -> their message and
+# exit status 2.
+cli = process_setup.command(cli_errors.command_line_entry(main))
 
 
 if __name__ == "__main__":
-  set_up_host_allocator()
-  add_default_xla_flags()
   cli()

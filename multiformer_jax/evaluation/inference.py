@@ -159,17 +159,20 @@ def joint_ctc_weight(model: S2TModel, eval_cfg, ctc_weight: float | None = None)
 
 
 def decode_split(params, batcher: ip.Batcher, translate, progress: bool = True, seed: int = 0,
-                 pick=None):
+                 pick=None, cancelled=None):
   """-> hypotheses (detokenised) in corpus order; a multi-task model's task ids are the
   batcher's (its `tasks`). pick: for a `translate` made with nbest=True, a function
   (hypotheses, scores [beam], lengths [beam] in tokens with EOS) -> the index of the one to
-  keep (e.g. `word_lm.rescore`)."""
+  keep (e.g. `word_lm.rescore`). cancelled: a function asked before each batch; when it
+  returns something true, decoding stops there and returns None."""
   data = batcher.data
   hypotheses = [None] * len(data)
   batches = progress_bar(ip.eval_batches(batcher), total=len(batcher.epoch_plan(0)),
                          desc=f"decoding {data.split}", unit="batch", disable=not progress)
   forced = 0 if data.prefix is None else 1                 # a forced target-language tag
   for n, batch in enumerate(batches):
+    if cancelled is not None and cancelled():
+      return None
     tasks = ip.batch_tasks(batch)
     prefix = None
     if data.prefix is not None:

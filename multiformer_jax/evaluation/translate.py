@@ -51,11 +51,10 @@ from multiformer_jax.runtime import compile_clock
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import pauses
 from multiformer_jax.evaluation import translation_output as output_lib
-from multiformer_jax.evaluation.evaluate import (averaged_count, lm_rescorer, lm_settings,
-                                                 stage_params)
+from multiformer_jax.evaluation.evaluate import lm_rescorer, stage_params
+from multiformer_jax.evaluation.results import averaged_count, lm_settings
 from multiformer_jax.experiment import model_config_for, task_keys
-from multiformer_jax.runtime.host_memory import set_up_host_allocator
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags
+from multiformer_jax.runtime import process_setup
 from multiformer_jax.evaluation.inference import make_translate_for, picked
 from multiformer_jax.model import S2TModel
 
@@ -376,13 +375,14 @@ def main(argv=None) -> int:
   return 1 if failed else 0
 
 
-def cli():
+def _cli():
   """The command line and console script: user errors -> their message and exit status 2; a
   file that could not be decoded -> exit status 1 after the others."""
   sys.exit(cli_errors.report_user_errors(main) or 0)
 
 
+cli = process_setup.command(_cli)
+
+
 if __name__ == "__main__":
-  set_up_host_allocator()
-  add_default_xla_flags()
   cli()

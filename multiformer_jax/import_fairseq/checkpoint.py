@@ -1,7 +1,7 @@
 """Import of fairseq S2T checkpoints (the s2t_transformer family) into this model.
 
 fairseq's published MuST-C models can then be evaluated and analysed here. The mapping is
-pure numpy; only reading a `.pt` file needs torch (an optional dependency, imported lazily).
+pure numpy; a `.pt` file is read by safe_pickle.py (no torch, no code run from the file).
 
 One deliberate difference remains with fairseq's own forward pass, only for padded batches:
 this subsampler re-zeroes padded frames between its convolutions (fairseq's output depends on
@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from multiformer_jax.import_fairseq import safe_pickle
 from multiformer_jax.model.model_config import ModelConfig
 
 # Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
@@ -164,22 +165,19 @@ def fairseq_model_args(checkpoint: Mapping[str, Any], path: str) -> dict:
                            f"cannot tell its architecture")
 
 
-def load_fairseq_checkpoint(path: str, **overrides):
-  """Reads a fairseq `.pt` checkpoint -> (ModelConfig, params). Needs torch installed (and
-  omegaconf for checkpoints of fairseq >= 0.10, which pickle their config with it)."""
-  try:
-    import torch  # pylint: disable=import-outside-toplevel
-  except ImportError as e:
-    raise ImportError("reading fairseq .pt checkpoints needs PyTorch: pip install torch") from e
-  try:
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-  except ModuleNotFoundError as e:
-    raise ImportError(f"{path} was pickled with the module {e.name!r}, which is not installed "
-                      f"(fairseq >= 0.10 saves its config with omegaconf): pip install "
-                      f"{e.name}") from e
-  if "model" not in checkpoint:
-    raise FairseqImportError(f"{path} has no 'model' weights; keys: {sorted(checkpoint)}")
-  state_dict = {k: v.float().numpy() for k, v in checkpoint["model"].items()}
+def load_fairseq_checkpoint(path: str, trust_pickle: bool = False, **overrides):
+  """Reads a fairseq `.pt` checkpoint -> (ModelConfig, params, the update count or 0): built
+  from what fairseq checkpoints hold only, refusing anything else (safe_pickle.py; no torch
+  needed); with `trust_pickle`, fully unpickled by torch, running whatever code it names."""
+  checkpoint = safe_pickle.load_unsafe(path) if trust_pickle else safe_pickle.load(path)
+  if not isinstance(checkpoint, dict) or "model" not in checkpoint:
+    raise FairseqImportError(f"{path} has no 'model' weights; it holds "
+                             f"{sorted(checkpoint) if isinstance(checkpoint, dict) else type(checkpoint).__name__}")
+  state_dict = {k: np.asarray(v, np.float32) for k, v in checkpoint["model"].items()}
+  checkpoint = {k: safe_pickle.plain(checkpoint.get(k))
+                for k in ("cfg", "args", "optimizer_history")}
   args = fairseq_model_args(checkpoint, path)
   config = model_config_from_fairseq(args, state_dict, **overrides)
-  return config, convert_state_dict(state_dict, config)
+  history = checkpoint.get("optimizer_history") or [{}]
+  updates = int(history[-1].get("num_updates", 0) or 0) if isinstance(history[-1], dict) else 0
+  return config, convert_state_dict(state_dict, config), updates

@@ -8,8 +8,10 @@ Writes OUT/config.json (the model as fairseq's arguments define it, the data as 
 says), OUT/{stage}/checkpoints (orbax, one step: the checkpoint's update count) with DONE.json,
 and the data root's index (OUT/prepared unless --prepared_dir; data_prep.fairseq_data: the
 features stay in fbank80.zip, the vocabulary is fairseq's SentencePiece model and dictionary).
-A `.pt` needs torch (and omegaconf for fairseq >= 0.10); a `.npz` of the state dict (`sd/NAME`
-arrays and `args` as JSON, the form of tests/fixtures/make_fairseq_fixture.py) does not.
+A `.pt` is read without torch and without running code from its pickle: only what fairseq
+checkpoints hold is built, anything else refused by name (import_fairseq/safe_pickle.py;
+--trust_pickle unpickles fully with torch). A `.npz` of the state dict (`sd/NAME` arrays and
+`args` as JSON, the form of tests/fixtures/make_fairseq_fixture.py) is read too.
 Nothing is written unless the checkpoint, the data and their vocabulary fit together.
 """
 
@@ -43,8 +45,9 @@ SIZED_BY_DATA = ("vocab_size", "ctc_head", "ctc_vocab_size", "encoder_num_tasks"
                  "decoder_num_tasks")
 
 
-def load_checkpoint(path: str) -> tuple[ModelConfig, dict, int]:
-  """-> (model config, params, the checkpoint's update count or 0)."""
+def load_checkpoint(path: str, trust_pickle: bool = False) -> tuple[ModelConfig, dict, int]:
+  """-> (model config, params, the checkpoint's update count or 0). A `.pt` is read without
+  running code from it unless `trust_pickle` (checkpoint.load_fairseq_checkpoint)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"fairseq checkpoint {path} not found")
   if path.endswith(".npz"):
@@ -56,8 +59,7 @@ def load_checkpoint(path: str) -> tuple[ModelConfig, dict, int]:
     state = {k[3:]: arrays[k] for k in arrays.files if k.startswith("sd/")}
     config = model_config_from_fairseq(args, state)
     return config, convert_state_dict(state, config), int(args.get("num_updates", 0) or 0)
-  config, params = load_fairseq_checkpoint(path)
-  return config, params, 0
+  return load_fairseq_checkpoint(path, trust_pickle)
 
 
 def _splits(available: list[str]) -> tuple[str, str, str]:
@@ -95,13 +97,14 @@ def run_config(model: ModelConfig, summary: dict, prepared_dir: str, stage: str,
 
 
 def import_run(checkpoint: str, data: str, stage: str, out: str,
-               config_yaml: str | None = None, prepared_dir: str | None = None) -> dict:
+               config_yaml: str | None = None, prepared_dir: str | None = None,
+               trust_pickle: bool = False) -> dict:
   """Writes the run; returns {"config", "step", "prepared_dir", "vocab_size"}."""
   if stage not in ("asr", "st"):
     raise ValueError(f"--stage {stage!r}; valid: asr, st")
   if os.path.exists(os.path.join(out, stage, "checkpoints")):
     raise FileExistsError(f"{out} already holds a {stage} stage: choose another --out")
-  model, params, updates = load_checkpoint(checkpoint)
+  model, params, updates = load_checkpoint(checkpoint, trust_pickle)
   prepared_dir = os.path.abspath(prepared_dir or os.path.join(out, "prepared"))
   yaml_path = os.path.join(data, config_yaml or f"config_{stage}.yaml")
   made = [path for path in (out, prepared_dir) if not os.path.exists(path)]
@@ -172,9 +175,14 @@ def main(argv=None):
   parser.add_argument("--out", required=True, help="the run directory to write")
   parser.add_argument("--prepared_dir", default=None,
                       help="where the root's index goes (default: OUT/prepared)")
+  parser.add_argument("--trust_pickle", action="store_true",
+                      help="read a .pt with PyTorch's full unpickler (needs torch). A pickle "
+                           "can run any code when it is loaded: use this only for a file whose "
+                           "origin you trust, and only if the default reader, which builds "
+                           "nothing but what fairseq checkpoints hold, refuses it")
   args = parser.parse_args(argv)
   result = import_run(args.checkpoint, args.data, args.stage, args.out, args.config_yaml,
-                      args.prepared_dir)
+                      args.prepared_dir, args.trust_pickle)
   print(f"{args.out}: the {args.stage} stage of {args.checkpoint} (step {result['step']}, "
         f"{result['vocab_size']} symbols); evaluate with\n  python -m multiformer_jax.evaluate "
         f"--workdir {args.out} --stage {args.stage}")

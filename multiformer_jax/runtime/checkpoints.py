@@ -9,7 +9,9 @@ experiment config is saved once beside the stage directories (`{workdir}/config.
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -17,29 +19,41 @@ import orbax.checkpoint as ocp
 
 from data_prep.common import atomic
 
-from multiformer_jax.runtime import faults, processes
+from multiformer_jax.runtime import checkpoint_files, faults, processes, run_record
 
 
 SELECTIONS = ("latest", "best", "average", "around_best")
 
 
+class CheckpointRefused(ValueError):
+  """A checkpoint that is not damaged but does not restore: the run stops, naming why."""
+
+
 class StageCheckpoints:
-  """The checkpoints of one stage. `name` (the stage) names its fault-injection points."""
+  """The checkpoints of one stage. `name` (the stage) names its fault-injection points.
+
+  Evaluation checkpoints (`directory`) are the ones written with a dev evaluation: evaluation
+  selects and averages them. Progress checkpoints (`progress_directory`, only the newest kept)
+  are written on a period of their own and when a stop signal arrives, so that a run loses
+  little when killed; they only serve to resume and are never selected or averaged."""
 
   def __init__(self, directory: str, keep_last: int = 5, name: str = "",
-               keep_around_best: int = 1):
+               keep_around_best: int = 1, progress_directory: str | None = None):
     self.directory = os.path.abspath(directory)
     self.keep_last = keep_last
     self.keep_around_best = keep_around_best     # the best and its neighbours: N in all
     self.name = name
-    self.manager = self._open()
+    self.manager = self._open(self.directory)
+    self.progress_directory = progress_directory and os.path.abspath(progress_directory)
+    self.progress = self._open(self.progress_directory, 1) if progress_directory else None
 
-  def _open(self):
+  @staticmethod
+  def _open(directory: str, max_to_keep: int | None = None):
     # Orbax writes a step into a temporary directory and renames it when complete, so a run
     # killed while writing leaves no half-written step behind (only the temporary directory).
     return ocp.CheckpointManager(
-        self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=None, create=True,
+        directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                              enable_async_checkpointing=True))
 
   def steps(self) -> list[int]:
@@ -60,7 +74,7 @@ class StageCheckpoints:
         loss = self.meta(step).get("dev_loss")
       except Exception:  # pylint: disable=broad-except
         continue                                  # unreadable: never the best
-      if loss is not None:
+      if loss is not None and math.isfinite(loss):     # a non-finite loss is never best
         scored.append((loss, step))
     return min(scored)[1] if scored else self.latest()
 
@@ -71,21 +85,43 @@ class StageCheckpoints:
     if step in self.manager.all_steps():
       return
     meta = {**meta, "previous_step": self.latest()}
-    try:
-      self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                      meta=ocp.args.JsonSave(meta)))
-      faults.fault_point(f"{self.name}.checkpoint", step)   # tests: killed while writing
-      self.manager.wait_until_finished()
-    except OSError as error:
-      raise OSError(error.errno, f"writing checkpoint {step} to {self.directory} failed "
-                    f"({error.strerror or error}); the earlier checkpoints {self.steps()} are "
-                    f"intact: free disk space or fix permissions, then rerun the same command "
-                    f"to resume") from error
+    self._write(self.manager, step, state, meta, "checkpoint")
     steps = self.steps()
     keep = set(steps[-self.keep_last:]) | set(self.steps_around_best(self.keep_around_best))
     for old in steps:
       if old not in keep:
         self.manager.delete(old)
+
+  def _write(self, manager, step: int, state, meta: dict, point: str):
+    try:
+      manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                 meta=ocp.args.JsonSave(meta)))
+      faults.fault_point(f"{self.name}.{point}", step)   # tests: killed while writing
+      manager.wait_until_finished()
+      processes.barrier(f"checkpoint {step} of {manager.directory} written")
+      if jax.process_index() == 0:
+        checkpoint_files.write_manifest(os.path.join(manager.directory, str(step)))
+    except OSError as error:
+      raise OSError(error.errno, f"writing checkpoint {step} to {manager.directory} failed "
+                    f"({error.strerror or error}); the earlier checkpoints {self.steps()} are "
+                    f"intact: free disk space or fix permissions, then rerun the same command "
+                    f"to resume") from error
+
+  def save_progress(self, step: int, state, meta: dict) -> bool:
+    """A progress checkpoint of `step` (the previous one is deleted once it is written); ->
+    False, writing nothing, where an evaluation checkpoint of that step exists."""
+    if self.progress is None:
+      raise ValueError(f"{self.directory}: opened without a progress directory")
+    if step in self.manager.all_steps() or step in self.progress.all_steps():
+      return False
+    self._write(self.progress, step, state, meta, "progress")
+    return True
+
+  def remove_progress(self):
+    """Deletes the progress checkpoints (the stage is finished: nothing resumes from them)."""
+    if self.progress is not None and os.path.isdir(self.progress_directory):
+      self.progress.close()
+      shutil.rmtree(self.progress_directory, ignore_errors=True)
 
   def restore(self, step: int, target=None):
     """-> (state, meta). With `target` (an abstract or concrete state) the tree is typed."""
@@ -95,44 +131,71 @@ class StageCheckpoints:
         state=state_args, meta=ocp.args.JsonRestore()))
     return restored["state"], dict(restored["meta"])
 
-  def restore_latest_valid(self, target, log) -> tuple[object, dict, int] | None:
-    """(state, meta, step) of the newest checkpoint that restores; None if there is none.
+  def _newest(self) -> tuple[int, bool]:
+    """(step, whether it is the progress checkpoint) of the newest checkpoint of either kind;
+    (-1, False) if there is none. An evaluation checkpoint wins a tie."""
+    candidates = [(step, False) for step in self.steps()]
+    if self.progress is not None:
+      candidates += [(step, True) for step in self.progress.all_steps()]
+    return max(candidates, key=lambda c: (c[0], not c[1]), default=(-1, False))
 
-    A checkpoint that fails to restore (truncated or corrupted files) is moved aside to
-    `corrupt-{step}` (kept for inspection, never deleted) with a warning, and the previous one
-    is tried. With several processes they agree: each tries the step process 0 names, a step
-    is taken only if it restored on every process, and only process 0 moves one aside (then
-    every process reads the directory again)."""
+  def restore_latest_valid(self, target, log) -> tuple[object, dict, int] | None:
+    """(state, meta, step) of the newest checkpoint, evaluation or progress, that restores;
+    None if there is none.
+
+    A checkpoint whose files are damaged (runtime/checkpoint_files.py: truncated, missing or
+    changed since written) is moved aside to `corrupt-{step}` (kept for inspection, never
+    deleted) with a warning, and the previous one is tried; one that fails for another reason
+    (tensors that do not fit the config, memory, an I/O error) stops the run with
+    CheckpointRefused, naming it. With several processes they agree: each tries the step
+    process 0 names, a step is taken only if it restored on every process, process 0 judges a
+    failure and alone moves a step aside (then every process reads the directory again)."""
     while True:
-      steps = self.steps()
-      step = processes.broadcast_int(steps[-1] if steps else -1)
-      if step < 0:
+      step, progress = self._newest()
+      chosen = processes.broadcast_int(2 * step + progress if step >= 0 else -1)
+      if chosen < 0:
         return None
+      step, progress = chosen // 2, bool(chosen % 2)
+      manager = self.progress if progress else self.manager
       try:
-        state, meta = self.restore(step, target)
+        restored = manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        state, meta = restored["state"], dict(restored["meta"])
         error = None
       except Exception as caught:  # pylint: disable=broad-except
         state = meta = None
         error = caught
       if processes.all_true(error is None):
         return state, meta, step
+      step_dir = os.path.join(manager.directory, str(step))
+      damaged, reason = checkpoint_files.diagnose(
+          step_dir, target, error or RuntimeError("it restored on process 0 but not on every "
+                                                  "process")) \
+          if jax.process_index() == 0 else (False, "")
+      if not processes.broadcast_int(damaged):
+        raise CheckpointRefused(
+            f"checkpoint {step} in {manager.directory} does not restore: "
+            f"{reason or 'see the log of process 0'}. It is kept as it "
+            f"is (nothing was moved or deleted); rerun once the cause is fixed")
       if jax.process_index() == 0:
-        self._move_aside(step, error, log)
-      processes.barrier(f"checkpoint {step} of {self.directory} moved aside")
-      self.manager.close()
-      self.manager = self._open()
+        self._move_aside(manager.directory, step, reason, log)
+      processes.barrier(f"checkpoint {step} of {manager.directory} moved aside")
+      manager.close()
+      if progress:
+        self.progress = self._open(self.progress_directory, 1)
+      else:
+        self.manager = self._open(self.directory)
 
-  def _move_aside(self, step: int, error: Exception | None, log):
-    aside = os.path.join(self.directory, f"corrupt-{step}")
+  @staticmethod
+  def _move_aside(directory, step: int, reason: str, log):
+    directory = str(directory)
+    aside = os.path.join(directory, f"corrupt-{step}")
     suffix = 1
     while os.path.exists(aside):
-      aside, suffix = os.path.join(self.directory, f"corrupt-{step}.{suffix}"), suffix + 1
-    reason = ("it restored on process 0 but not on every process" if error is None else
-              f"{type(error).__name__}: "
-              f"{str(error).splitlines()[0][:200] if str(error) else ''}")
-    log.warning("checkpoint %d in %s does not restore (%s); moved to %s, trying the previous "
-                "one", step, self.directory, reason, aside)
-    os.replace(os.path.join(self.directory, str(step)), aside)
+      aside, suffix = os.path.join(directory, f"corrupt-{step}.{suffix}"), suffix + 1
+    log.warning("checkpoint %d in %s is damaged (%s); moved to %s, trying the previous one",
+                step, directory, reason, aside)
+    os.replace(os.path.join(directory, str(step)), aside)
 
   def params(self, step: int):
     state, _ = self.restore(step)
@@ -250,9 +313,11 @@ def save_config(workdir: str, config):
   atomic.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
 
 
-def load_config(workdir: str):
+def load_config(workdir: str, check_corpus: bool = True):
   """The config run.py saved beside the checkpoints, over configs/default.py's: a key the run's
-  config.json lacks (a run from before the key existed) reads its default."""
+  config.json lacks (a run from before the key existed) reads its default. With
+  `check_corpus`, refuses a prepared corpus whose vocabularies or CMVN statistics are not the
+  ones the run trained with (runtime/run_record.py)."""
   import ml_collections  # pylint: disable=import-outside-toplevel
   from configs import default  # pylint: disable=import-outside-toplevel
   path = os.path.join(workdir, "config.json")
@@ -261,7 +326,11 @@ def load_config(workdir: str):
                             f"beside the checkpoints; pass the run's --workdir")
   with open(path, encoding="utf-8") as f:
     saved = json.load(f)
-  return ml_collections.ConfigDict(_over(default.get_config().to_dict(), saved))
+  config = ml_collections.ConfigDict(_over(default.get_config().to_dict(), saved))
+  if check_corpus:
+    run_record.check_corpus(workdir, config.data.prepared_dir, "read the run",
+                            data_order=False)
+  return config
 
 
 def _over(defaults: dict, saved: dict) -> dict:

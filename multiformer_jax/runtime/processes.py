@@ -56,3 +56,31 @@ def on_first_process(action: Callable[[], None], what: str):
   if failed:
     raise RuntimeError(f"process 0 failed {what} (its log says why); process "
                        f"{jax.process_index()} stops too")
+
+
+def client():
+  """JAX's distributed key-value store client (the coordination service that
+  jax.distributed.initialize started; orbax reaches it the same way)."""
+  from jax._src import distributed  # pylint: disable=import-outside-toplevel
+  client = distributed.global_state.client
+  if client is None:
+    raise RuntimeError("several processes but no jax.distributed client")
+  return client
+
+
+def publish(key: str, value: str):
+  """Sets `key` in the run's key-value store (overwriting); no-op with one process."""
+  if not single():
+    client().key_value_set(f"multiformer_jax/{key}", value, allow_overwrite=True)
+
+
+def read_published(key: str) -> str | None:
+  """The value another process published under `key`, or None (does not wait)."""
+  if single():
+    return None
+  try:
+    return client().key_value_try_get(f"multiformer_jax/{key}")
+  except Exception as error:  # pylint: disable=broad-except  # JaxRuntimeError
+    if str(error).startswith("NOT_FOUND"):
+      return None
+    raise

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 
+from multiformer_jax.evaluation import results
+
 
 def read_log(stage_dir: str) -> tuple[list[dict], list[dict]]:
   """(training rows, dev rows) of a stage's log.jsonl."""
@@ -77,14 +79,15 @@ def _lines(path: str) -> list[str]:
     return f.read().split("\n")[:-1]
 
 
-def examples(workdir: str, split: str, count: int = 5) -> list[dict]:
-  """`count` utterances of an evaluated split, evenly spread, with both stages' references and
-  hypotheses: [{id, asr_ref, asr_hyp, st_ref, st_hyp}] (a stage not evaluated is left out)."""
+def examples(workdir: str, split: str, config, count: int = 5) -> list[dict]:
+  """`count` utterances of a split the run evaluated (with its config's settings), evenly
+  spread, with both stages' references and hypotheses: [{id, asr_ref, asr_hyp, st_ref,
+  st_hyp}] (a stage not evaluated is left out)."""
   stages = {}
   for stage in ("asr", "st"):
-    directory = os.path.join(workdir, stage, f"eval_{split}")
-    if all(os.path.exists(os.path.join(directory, f)) for f in ("ids.txt", "hyp.txt",
-                                                                  "ref.txt")):
+    directory = results.find(workdir, stage, split, config)
+    if directory and all(os.path.exists(os.path.join(directory, f))
+                         for f in ("ids.txt", "hyp.txt", "ref.txt")):
       ids = _lines(os.path.join(directory, "ids.txt"))
       stages[stage] = dict(zip(ids, zip(_lines(os.path.join(directory, "ref.txt")),
                                         _lines(os.path.join(directory, "hyp.txt")))))

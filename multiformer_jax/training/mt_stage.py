@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 
 import jax
@@ -35,12 +34,11 @@ from multiformer_jax.evaluation.metrics import corpus_bleu
 from multiformer_jax.model.decoder import init_cache
 from multiformer_jax.model.mt_model import MTModel
 from multiformer_jax.model.stacked import text_layers_config
-from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime.train_log import StageLogger
 from multiformer_jax.training.loss import make_mt_loss_sums
 from multiformer_jax.training.optimizer import freezes, make_optimizer, trained_predicate
 from multiformer_jax.training.parallel import DataParallel
-from multiformer_jax.training.stage import StageRun, starting_state
+from multiformer_jax.training.stage import StageRun, stage_checkpoints, starting_state
 from multiformer_jax.training.steps import TrainState, create_state, make_steps
 
 STAGE = experiment.MT_STAGE
@@ -132,9 +130,12 @@ class MTTranslator:
     return beam_search(step_fn, cache, batch, self.beam, steps, jnp.full((batch,), steps - 1),
                        cfg.vocab_size, EOS_ID, PAD_ID, 0, self.length_penalty, prefix)[0]
 
-  def __call__(self, params, pairs: tp.TextPairs) -> list[str]:
+  def __call__(self, params, pairs: tp.TextPairs, cancelled=None) -> list[str] | None:
+    """-> the pairs' translations; None if `cancelled()` (asked before each chunk) is true."""
     hypotheses = []
     for rows, real in _padded_chunks(len(pairs), DECODE_ROWS):
+      if cancelled is not None and cancelled():
+        return None
       prefix = None if pairs.prefix is None else jnp.asarray(pairs.prefix[rows])
       tokens = np.asarray(self._translate(params, pairs.source[rows], prefix))
       hypotheses += [self.vocab.decode([t for t in row if t != PAD_ID]) for row in tokens[:real]]
@@ -149,9 +150,13 @@ class MTDevScorer:
   def __init__(self, translate: MTTranslator, dev: tp.TextPairs):
     self.translate, self.dev, self.beam = translate, dev, translate.beam
 
-  def __call__(self, params) -> dict:
+  def __call__(self, params, cancelled=None) -> dict | None:
+    """-> {'dev_bleu', 'dev_decode_s'}; None if `cancelled()` turned true while decoding."""
     start = time.perf_counter()
-    bleu = corpus_bleu(self.translate(params, self.dev), self.dev.references)["bleu"]
+    hypotheses = self.translate(params, self.dev, cancelled)
+    if hypotheses is None:
+      return None
+    bleu = corpus_bleu(hypotheses, self.dev.references)["bleu"]
     return {"dev_bleu": bleu, "dev_decode_s": round(time.perf_counter() - start, 1)}
 
 
@@ -191,11 +196,11 @@ def prepare(config, stage: str, workdir: str, dp: DataParallel, logger: StageLog
            model.config.encoder_layout)
   trained = trained_predicate(mt) if freezes(mt) else None
   tx, schedule = make_optimizer(config.train, mt)
-  checkpoints = ckpt_lib.StageCheckpoints(os.path.join(workdir, STAGE, "checkpoints"),
-                                          mt.keep_last, STAGE)
+  checkpoints = stage_checkpoints(config, STAGE, workdir)
   state = create_state(model, tx, experiment.stage_key(config, STAGE), init_mt_params)
   iterator = ip.TrainIterator(batchers[0])    # in the loop: a batch is a few array copies
-  state = starting_state(config, STAGE, workdir, state, checkpoints, iterator, log)
+  state, evaluation_due = starting_state(config, STAGE, workdir, state, checkpoints, iterator,
+                                         log)
   log.info("mt: %d parameters", sum(x.size for x in jax.tree_util.tree_leaves(state.params)))
   train_step, eval_step = make_steps(
       model, tx, schedule, dp, config.train.label_smoothing, trained=trained,
@@ -204,5 +209,5 @@ def prepare(config, stage: str, workdir: str, dp: DataParallel, logger: StageLog
                                     config.eval.length_penalty), dev) if (
       jax.process_index() == 0 and mt.score_dev) else None
   return StageRun(config, STAGE, model, dp, train, iterator, batchers[1], checkpoints, logger,
-                  train_step, eval_step, scorer, plan), state
+                  train_step, eval_step, scorer, plan, evaluation_due, mt.score_dev), state
 

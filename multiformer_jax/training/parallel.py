@@ -109,6 +109,24 @@ class DataParallel:
                       donate_argnums=donate_argnums)
     return jax.jit(fn, static_argnums=static_argnums, donate_argnums=donate_argnums)
 
+  def summing_program(self):
+    """-> sum(local): a small integer vector of this process, summed over every device of every
+    process by a collective (dispatched asynchronously: it runs on each device after the work
+    queued before it). Read the result with `read_sum`. Every process must call it the same
+    number of times, in the same order relative to the steps."""
+    if self.mode == "pmap":
+      summed = jax.pmap(lambda x: jax.lax.psum(x, AXIS), axis_name=AXIS)
+      return lambda local: summed(np.broadcast_to(local, (self.num_local,) + local.shape))
+    summed = jax.jit(lambda x: jax.numpy.sum(x, axis=0), out_shardings=self.replicated)
+    return lambda local: summed(jax.make_array_from_process_local_data(
+        self.sharded, np.broadcast_to(local, (self.num_local,) + local.shape)))
+
+  @staticmethod
+  def read_sum(summed) -> np.ndarray:
+    """A `summing_program` result -> numpy (blocks until computed)."""
+    summed = np.asarray(jax.device_get(summed))
+    return summed[0] if summed.ndim > 1 else summed
+
   def scalar(self, x) -> float:
     """A replicated scalar metric -> float (blocks until computed)."""
     x = jax.device_get(x)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import jax
 
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation import evaluate, inference
+from multiformer_jax.evaluation import inference, results
 from multiformer_jax.experiment import (UpdatePlan, known_task_rows, model_config_for,
                                          pipeline_config, st_decoder_from_mt,
                                          st_encoder_from_mt, stage_ctc_weight, stage_key,
@@ -61,16 +61,29 @@ class StageRun:
   eval_step: Callable
   dev_scorer: "DevScorer | None"
   update: UpdatePlan
+  evaluation_due: bool = False   # resumed where a stop cut the dev evaluation short
+  scores_dev: bool = False       # the dev split is decoded at evaluations (process 0's scorer)
 
   @property
   def stage_cfg(self):
     return self.config[self.stage]
 
-  def save(self, step: int, state: TrainState, dev: dict, **extra):
-    """A checkpoint of `state` with the data position, the dev figures and the model config."""
-    self.checkpoints.save(step, self.dp.unreplicate(state), {
-        "stage": self.stage, "step": step, "iterator": self.iterator.state(), **dev,
-        "model": self.model.config.to_dict(), **extra})
+  def _meta(self, step: int, **values) -> dict:
+    return {"stage": self.stage, "step": step, "iterator": self.iterator.state(), **values,
+            "model": self.model.config.to_dict()}
+
+  def save(self, step: int, state: TrainState, dev: dict):
+    """An evaluation checkpoint of `state` with the data position, the dev figures and the
+    model config."""
+    self.checkpoints.save(step, self.dp.unreplicate(state), self._meta(step, **dev))
+
+  def save_progress(self, step: int, state: TrainState, saved_on: str,
+                    evaluation_due: bool = False) -> bool:
+    """A progress checkpoint (see StageCheckpoints): `saved_on` says why (the period or a
+    signal's name); `evaluation_due`: the dev evaluation of this update is still to do (a stop
+    cut it short), the resumed run does it first. -> whether one was written."""
+    return self.checkpoints.save_progress(step, self.dp.unreplicate(state), self._meta(
+        step, saved_on=saved_on, evaluation_due=evaluation_due))
 
 
 def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
@@ -86,11 +99,11 @@ def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
   train_batcher = ip.Batcher(train_data, True, dp.global_batch_multiple, jax.process_index(),
                              jax.process_count(), tasks=tasks)
   dev_batcher = ip.Batcher(dev_data, False, dp.global_batch_multiple, jax.process_index(),
-                           jax.process_count(), tasks=tasks)
-  if train_batcher.too_long:
-    log.warning("stage %s: %d training utterances longer than data.max_source_frames=%d are "
-                "skipped (e.g. %s)", stage, len(train_batcher.too_long),
-                config.data.max_source_frames, ", ".join(train_batcher.too_long[:5]))
+                           jax.process_count(), tasks=tasks, skip_unfit=True)
+  for batcher, split in ((train_batcher, "training"), (dev_batcher, "dev")):
+    for reason, ids in batcher.skipped.items():
+      log.warning("stage %s: %d %s utterances %s are skipped (e.g. %s)", stage, len(ids),
+                  split, reason, ", ".join(ids[:5]))
   plan = update_plan(config, stage)
   log.info("stage %s: %d train / %d dev utterances, vocabulary %d, batch shapes "
            "(batch, frames, tokens) %s; an update is %d batch(es) of <= %d padded frames "
@@ -100,35 +113,45 @@ def _stage_data(config, stage: str, dp: DataParallel, log: logging.Logger):
   return train_data, dev_data, tasks, train_batcher, dev_batcher, plan
 
 
+def stage_checkpoints(config, stage: str, workdir: str) -> ckpt_lib.StageCheckpoints:
+  """The stage's evaluation checkpoints ({workdir}/{stage}/checkpoints) and progress
+  checkpoints ({workdir}/{stage}/progress)."""
+  return ckpt_lib.StageCheckpoints(
+      os.path.join(workdir, stage, "checkpoints"), config[stage].keep_last, stage,
+      kept_around_best(config, stage), os.path.join(workdir, stage, "progress"))
+
+
 def starting_state(config, stage: str, workdir: str, state: TrainState,
                    checkpoints: ckpt_lib.StageCheckpoints, iterator: ip.TrainIterator,
-                   log: logging.Logger) -> TrainState:
+                   log: logging.Logger) -> tuple[TrainState, bool]:
   """The state training continues from: the latest valid checkpoint (the data iterator moved to
   its position), else the fresh state with {stage}.init_from's parameters, or for the ST stage
-  the ASR encoder and the MT stage's parameters carried in."""
+  the ASR encoder and the MT stage's parameters carried in. -> (state, whether the resumed
+  update's dev evaluation is still to do)."""
   resumed = checkpoints.restore_latest_valid(state, log)
   if resumed is not None:
     state, meta, latest = resumed
     iterator.restore(meta["iterator"])
     log.info("resumed stage %s from step %d (%s), data position %s", stage, latest,
-             checkpoints.directory, meta["iterator"])
-    return state
+             f"{checkpoints.progress_directory}, saved on {meta['saved_on']}"
+             if "saved_on" in meta else checkpoints.directory, meta["iterator"])
+    return state, bool(meta.get("evaluation_due"))
   scfg = config[stage]
   if scfg.init_from:
-    return state.replace(params=transfer.init_from_run(state.params, config, stage, log))
+    return state.replace(params=transfer.init_from_run(state.params, config, stage, log)), False
   if stage != "st":
-    return state
+    return state, False
   if "asr" in config.train.stages:
     asr = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"))
     asr_params, which = asr.select_params(
-        scfg.encoder_init, evaluate.averaged_count(config, scfg.encoder_init))
+        scfg.encoder_init, results.averaged_count(config, scfg.encoder_init))
     log.info("ST encoder from the ASR stage: %s", which)
     state = state.replace(params=transfer.carry_from_asr(state.params, asr_params, log))
   decoder, encoder = st_decoder_from_mt(config), st_encoder_from_mt(config)
   if decoder or encoder:
     state = state.replace(params=transfer.carry_from_mt_stage(
         state.params, workdir, log, decoder, encoder))
-  return state
+  return state, False
 
 
 def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: StageLogger
@@ -144,16 +167,15 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
   log.info("stage %s: pairs %s", stage, ", ".join(ip.split_tags(train_data)["pair"]))
   trained = trained_predicate(scfg) if freezes(scfg) else None
   tx, schedule = make_optimizer(config.train, scfg)
-  checkpoints = ckpt_lib.StageCheckpoints(
-      os.path.join(workdir, stage, "checkpoints"), scfg.keep_last, stage,
-      kept_around_best(config, stage))
+  checkpoints = stage_checkpoints(config, stage, workdir)
   state = create_state(model, tx, stage_key(config, stage))
   iterator = ip.TrainIterator(train_batcher, workers=loader_workers(config))
   log.info("%s: training batches assembled %s; log.jsonl's data_wait_s is the time the loop "
            "waited for them", stage, f"ahead by {iterator.workers} worker processes into "
            f"shared memory, {iterator.prefetch} batches ahead" if iterator.workers
            else "in the training loop")
-  state = starting_state(config, stage, workdir, state, checkpoints, iterator, log)
+  state, evaluation_due = starting_state(config, stage, workdir, state, checkpoints, iterator,
+                                         log)
   if trained is not None:
     values, total = trained_values(state.params, scfg, stage)
     log.info("%s: training %d of %d values (train_only %r, frozen %r); the rest stay fixed",
@@ -167,7 +189,8 @@ def prepare_stage(config, stage: str, workdir: str, dp: DataParallel, logger: St
   dev_scorer = DevScorer(config, stage, model, dev_data, tasks) if (
       jax.process_index() == 0 and config.eval.score_dev) else None
   return StageRun(config, stage, model, dp, train_data, iterator, dev_batcher, checkpoints,
-                  logger, train_step, eval_step, dev_scorer, plan), state
+                  logger, train_step, eval_step, dev_scorer, plan, evaluation_due,
+                  config.eval.score_dev), state
 
 
 class DevScorer:
@@ -188,11 +211,14 @@ class DevScorer:
   def metric(self) -> str:
     return "bleu" if self.stage == "st" else "wer"
 
-  def __call__(self, params) -> dict:
-    """-> {'dev_wer' or 'dev_bleu': score, 'dev_decode_s': seconds}."""
+  def __call__(self, params, cancelled=None) -> dict | None:
+    """-> {'dev_wer' or 'dev_bleu': score, 'dev_decode_s': seconds}; None if `cancelled()`
+    (asked before each batch) turned true."""
     start = time.perf_counter()
     hypotheses = inference.decode_split(params, self.batcher, self.translate, False,
-                                        self.seed)
+                                        self.seed, cancelled=cancelled)
+    if hypotheses is None:
+      return None
     result = inference.score(self.stage, hypotheses, self.data.references)
     return {f"dev_{self.metric}": result[self.metric],
             "dev_decode_s": round(time.perf_counter() - start, 1)}
@@ -204,7 +230,7 @@ def kept_around_best(config, stage: str) -> int:
   ASR stage, the ST encoder init selects by it."""
   if config.eval.checkpoint == "around_best" or (
       stage == "asr" and "st" in config.train.stages and config.st.encoder_init == "around_best"):
-    return evaluate.averaged_count(config, "around_best")
+    return results.averaged_count(config, "around_best")
   return 1
 
 

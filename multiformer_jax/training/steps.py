@@ -289,10 +289,17 @@ def make_steps(model: S2TModel, tx, schedule, dp: DataParallel, label_smoothing:
   return steps, compile_(eval_step, "dev loss", ())
 
 
-def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel) -> dict:
+def evaluate_loss(eval_step, state, batcher: ip.Batcher, dp: DataParallel,
+                  agreement=None) -> dict:
+  """The dev loss, perplexity and NLL per target token. With an `agreement`
+  (training.agreement), every process votes before each batch and all stop at the same batch
+  if one was asked to stop (EvaluationCut)."""
   totals = {"loss": 0.0, "nll": 0.0, "tokens": 0.0}
   for batch in ip.eval_batches(batcher):
+    vote = agreement.cast() if agreement is not None else None
     sums = eval_step(state, dp.shard(batch))
+    if vote is not None:
+      agreement.check_dev_batch(vote)
     for k in totals:
       totals[k] += dp.scalar(sums[k])
   tokens = max(totals["tokens"], 1.0)

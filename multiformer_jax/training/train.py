@@ -22,16 +22,16 @@ import os
 import time
 
 import jax
-import numpy as np
 
-from data_prep.common import atomic
+from data_prep.common import atomic, locks
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation import evaluate, inference
+from multiformer_jax.evaluation import evaluate, inference, results
 from multiformer_jax.experiment import stages_run
 from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.runtime import compile_clock, faults, host_memory, processes
+from multiformer_jax.runtime import compile_clock, faults, host_memory, processes, run_record
 from multiformer_jax.runtime.train_log import DONE, StageLogger
 from multiformer_jax.training import curves, mt_stage
+from multiformer_jax.training.agreement import Agreement, Decision, EvaluationCut, SavePeriod
 from multiformer_jax.training.data_setup import ensure_prepared, evaluated_splits
 from multiformer_jax.training.parallel import DataParallel
 from multiformer_jax.training.stage import StageRun, compile_programs, prepare_stage
@@ -68,7 +68,7 @@ def check_config(config):
                      f"valid stages: {ip.SPEECH_STAGES}")
   check_checkpoint_retention(config)
   for stage in config.train.stages:         # eval.lm_* and the repeat block refused now
-    evaluate.lm_settings(config, stage)
+    results.lm_settings(config, stage)
     inference.no_repeat_ngram_size(config.eval, stage)
   for stage in stages_run(config):          # resolved_eval_every reads what passes here
     if config[stage].eval_every < 1 and config[stage].eval_every != -1:
@@ -77,12 +77,34 @@ def check_config(config):
   mt_stage.check_config(config)          # what needs no prepared data
 
 
-def train_and_evaluate(config, workdir: str) -> dict:
-  """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation."""
+def train_and_evaluate(config, workdir: str, accept_config_changes: bool = False) -> dict:
+  """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation.
+  While it runs, the workdir is this run's alone (data_prep.common.locks), a stop signal
+  (faults.STOP_SIGNALS) ends a stage's training loop after the current update with a
+  checkpoint (faults.Preempted), and anywhere else at once (faults.Stopped). A rerun resumes,
+  refusing a config that would change the model or the data order unless
+  `accept_config_changes` (runtime/run_record.py)."""
   log = logging.getLogger("multiformer_jax")
   check_config(config)
-  if jax.process_index() == 0:
-    ckpt_lib.save_config(workdir, config)
+  lock = locks.DirectoryLock(workdir, "training run")
+  with faults.handling_stop_signals():
+    try:
+      processes.on_first_process(lambda: _take_workdir(workdir, lock, log),
+                                 f"taking the workdir {workdir}")
+      processes.on_first_process(
+          lambda: run_record.record_config(workdir, config, accept_config_changes, log),
+          f"checking the config against {workdir}'s")
+      return _train_and_evaluate(config, workdir, log)
+    finally:
+      lock.release()
+
+
+def _take_workdir(workdir: str, lock: locks.DirectoryLock, log: logging.Logger):
+  ckpt_lib.check_writable(workdir)
+  lock.acquire(log=log)
+
+
+def _train_and_evaluate(config, workdir: str, log: logging.Logger) -> dict:
   # Process 0 prepares (the directory is shared); the others wait, then read it.
   processes.on_first_process(lambda: ensure_prepared(config, log),
                              f"preparing {config.data.prepared_dir}")
@@ -92,6 +114,9 @@ def train_and_evaluate(config, workdir: str) -> dict:
         f"process {jax.process_index()} does not see {config.data.prepared_dir}/prepared.json, "
         f"which process 0 prepared: data.prepared_dir must be on a filesystem every process "
         f"reads")
+  processes.on_first_process(lambda: run_record.record_corpus(
+      workdir, config.data.prepared_dir, (config.data.train_split, config.data.dev_split)),
+                             f"checking {config.data.prepared_dir} against the run's corpus")
   mt_stage.check_config(config, prepared=True)
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
@@ -129,10 +154,14 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
   compile_clock.install()
   phases_before, compile_before = compile_clock.by_phase(), compile_clock.seconds()
   logger.start(step, run.stage_cfg.max_updates)
+  stop = faults.active_stop_request()
+  period = SavePeriod(config.train.checkpoint_every_minutes,
+                      config.train.checkpoint_every_updates, step)
   try:
-    with faults.StopRequest() as stop:      # a stop asked while compiling: after update 1
+    with stop.deferred():                 # a stop asked while compiling: after update 1
       compile_programs(run, state)
-      step, state, early_stopped = _train_loop(run, state, step, stop)
+      step, state, early_stopped = _train_loop(run, state, step,
+                                               Agreement(dp, stop, period, stage))
   finally:
     run.iterator.close()
     logger.close()
@@ -163,6 +192,7 @@ def run_stage(config, stage: str, workdir: str, dp: DataParallel) -> dict:
     if curve:
       log.info("stage %s: learning curve in %s", stage, curve)
     atomic.write_json(done_path, summary, indent=1)
+    run.checkpoints.remove_progress()       # nothing resumes a finished stage
   return summary
 
 
@@ -181,12 +211,23 @@ def _update(run: StageRun, state: TrainState) -> TrainState:
   return state
 
 
-def _evaluate_and_save(run: StageRun, state: TrainState, step: int):
-  """The dev loss (and with a dev scorer its WER or BLEU), logged, and a checkpoint."""
-  dev = evaluate_loss(run.eval_step, state, run.dev_batcher, run.dp)
+def _evaluate_and_save(run: StageRun, state: TrainState, step: int, agreement: Agreement):
+  """The dev loss (and with a dev scorer its WER or BLEU), logged, and an evaluation
+  checkpoint. A stop signal on any process cuts it short (EvaluationCut), every process at the
+  same point: the dev loss between batches; dev scoring, which process 0 does alone while the
+  others wait, between decoded batches."""
+  dev = evaluate_loss(run.eval_step, state, run.dev_batcher, run.dp, agreement)
   scorer = run.dev_scorer
   if scorer is not None:
-    dev.update(scorer(run.dp.unreplicate(state.params)))
+    scored = scorer(run.dp.unreplicate(state.params), cancelled=agreement.scoring_cancelled)
+    cut = agreement.stop_signal() if scored is None else None
+    if jax.process_count() > 1:
+      agreement.scoring_finished(step, cut)
+    if cut is not None:
+      raise EvaluationCut(cut)
+    dev.update(scored)
+  elif run.scores_dev:                     # process 0 scores the dev split: wait for it
+    agreement.wait_for_scoring(step)
   run.logger.scalars(step, dev)
   run.save(step, state, dev)
   scored = "" if scorer is None else (
@@ -196,17 +237,24 @@ def _evaluate_and_save(run: StageRun, state: TrainState, step: int):
                       dev["dev_loss"], dev["dev_ppl"], scored)
 
 
-def _train_loop(run: StageRun, state: TrainState, step: int, stop: faults.StopRequest):
+def _train_loop(run: StageRun, state: TrainState, step: int, agreement: Agreement):
   """Updates from `step` to the stage's max_updates, or to an early stop (train.
-  early_stop_patience evaluations without a better dev loss): logs, evaluates and checkpoints
-  on schedule; on a stop request saves a checkpoint after the current update and raises
-  Preempted. -> (step, state, early_stopped)."""
-  config, stage, scfg, log = run.config, run.stage, run.stage_cfg, run.logger.log
+  early_stop_patience evaluations without a better dev loss): logs, evaluates and writes an
+  evaluation checkpoint on schedule, and a progress checkpoint on its own period. Every process
+  votes before each update (training.agreement); after an update where any was asked to stop,
+  all save a progress checkpoint and raise Preempted. -> (step, state, early_stopped)."""
+  config, stage, scfg = run.config, run.stage, run.stage_cfg
   eval_every = resolved_eval_every(scfg, run.iterator.batcher, run.update.update_freq)
-  patience = config.train.early_stop_patience
+  if run.evaluation_due:                  # a stop cut this update's evaluation short
+    run.logger.log.info("stage %s: the dev evaluation of update %d, cut short by the stop, "
+                        "first", stage, step)
+    if _conclude_update(run, state, step, Decision(None, False), True, agreement, eval_every):
+      return step, state, True
   while step < scfg.max_updates:
+    vote = agreement.cast(step + 1)
     state = _update(run, state)
     step += 1
+    decision = agreement.read(vote)
     if step % config.train.log_every == 0 or step == scfg.max_updates:
       nonfinite = run.logger.flush(step)
       if nonfinite >= config.train.max_consecutive_nonfinite:
@@ -214,21 +262,56 @@ def _train_loop(run: StageRun, state: TrainState, step: int, stop: faults.StopRe
             f"{nonfinite} consecutive updates had a non-finite loss or gradient (skipped); "
             f"try a lower {stage}.lr, a longer warmup, model.dtype=float32, or check the "
             f"data for corrupt features")
-    if step % eval_every == 0 or step == scfg.max_updates:
-      _evaluate_and_save(run, state, step)
-      if patience and step < scfg.max_updates:
-        stale = evaluations_without_improvement(run.checkpoints, step, eval_every)
-        if stale >= patience:
-          log.info("stage %s: early stop at update %d: no dev loss improvement for %d "
-                   "evaluations (train.early_stop_patience=%d), best at update %d", stage, step,
-                   stale, patience, run.checkpoints.best())
-          return step, state, True
-    faults.fault_point(f"{stage}.update", step)               # tests: killed after an update
-    if _stop_agreed(stop, step, config.train.log_every):
-      run.logger.flush(step)
-      run.save(step, state, {"dev_loss": None}, saved_on="SIGTERM")   # a no-op if saved here
-      raise faults.Preempted(stage, step)
+    evaluation = step % eval_every == 0 or step == scfg.max_updates
+    if _conclude_update(run, state, step, decision, evaluation, agreement, eval_every):
+      return step, state, True
   return step, state, False
+
+
+def _conclude_update(run: StageRun, state: TrainState, step: int, decision: Decision,
+                     evaluation: bool, agreement: Agreement, eval_every: int) -> bool:
+  """What follows update `step`: its evaluation if due (none when a stop was decided), then on
+  a stop (decided, or one that cut the evaluation short) a progress checkpoint that says
+  whether the evaluation is still to do, and Preempted; else a progress checkpoint if its
+  period is due. -> whether to stop early."""
+  stop = decision.stop
+  if evaluation and stop is None:
+    try:
+      if _evaluate(run, state, step, agreement, eval_every):
+        return True
+      agreement.period.saved(step)
+      evaluation = False
+    except EvaluationCut as cut:
+      stop = cut.signum
+  faults.fault_point(f"{run.stage}.update", step)              # tests: killed after an update
+  if stop is not None:
+    run.logger.flush(step)
+    run.save_progress(step, state, faults.signal_name(stop), evaluation_due=evaluation)
+    raise faults.Preempted(run.stage, step, stop)
+  if decision.save and run.save_progress(step, state, "period"):
+    agreement.period.saved(step)
+    train_cfg = run.config.train
+    run.logger.log.info("step %d: progress checkpoint saved (train.checkpoint_every_minutes="
+                        "%g, checkpoint_every_updates=%d)", step,
+                        train_cfg.checkpoint_every_minutes, train_cfg.checkpoint_every_updates)
+  return False
+
+
+def _evaluate(run: StageRun, state: TrainState, step: int, agreement: Agreement,
+              eval_every: int) -> bool:
+  """The evaluation of update `step` and its checkpoint; -> whether to stop early (train.
+  early_stop_patience evaluations without a better dev loss)."""
+  _evaluate_and_save(run, state, step, agreement)
+  patience = run.config.train.early_stop_patience
+  if not patience or step >= run.stage_cfg.max_updates:
+    return False
+  stale = evaluations_without_improvement(run.checkpoints, step, eval_every)
+  if stale < patience:
+    return False
+  run.logger.log.info("stage %s: early stop at update %d: no dev loss improvement for %d "
+                      "evaluations (train.early_stop_patience=%d), best at update %d",
+                      run.stage, step, stale, patience, run.checkpoints.best())
+  return True
 
 
 def evaluations_without_improvement(checkpoints, step: int, eval_every: int) -> int:
@@ -244,15 +327,3 @@ def resolved_eval_every(stage_cfg, batcher: ip.Batcher, update_freq: int) -> int
   if stage_cfg.eval_every == -1:
     return max(1, len(batcher.epoch_plan(0)) // update_freq)
   return stage_cfg.eval_every
-
-
-def _stop_agreed(stop: faults.StopRequest, step: int, every: int) -> bool:
-  """Whether to stop after this update. With several processes they must stop at the same
-  update, so they agree (an all-gather of the flags) every `every` updates, when the loop
-  synchronises for logging anyway."""
-  if jax.process_count() == 1:
-    return stop.requested
-  if step % every:
-    return False
-  from jax.experimental import multihost_utils  # pylint: disable=import-outside-toplevel
-  return bool(np.any(multihost_utils.process_allgather(np.array(stop.requested))))

@@ -12,7 +12,7 @@ import flax
 import jax.numpy as jnp
 import numpy as np
 
-from multiformer_jax.evaluation import evaluate
+from multiformer_jax.evaluation import results
 from multiformer_jax.experiment import MT_STAGE
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime.train_log import DONE
@@ -48,7 +48,7 @@ def init_from_run(params, config, stage: str, log: logging.Logger):
                             f"the workdir of a run that trained the {stage} stage")
   which = stage_cfg.init_from_checkpoint
   source, which = ckpt_lib.StageCheckpoints(directory).select_params(
-      which, evaluate.averaged_count(config, which))
+      which, results.averaged_count(config, which))
   flat, restored, mismatched = copy_tensors(params, source, lambda name: True,
                                             ("there", "here"))
   if mismatched:
