@@ -23,8 +23,10 @@ UPDATES, EVERY = 8, 4
 
 
 def _config(folder, prepared_dir, **extra):
-  """The tiny ASR stage with two loader workers and dev WER at every evaluation."""
-  lines = ["config.data.loader_workers = 2", "config.eval.score_dev = True"]
+  """The tiny ASR stage with two loader workers, dev WER at every evaluation and a progress
+  checkpoint every 2 updates."""
+  lines = ["config.data.loader_workers = 2", "config.eval.score_dev = True",
+           "config.train.checkpoint_every_updates = 2"]
   lines += [f"config.{key} = {value!r}" for key, value in extra.items()]
   return _write_config(folder / "signals.py", prepared_dir, UPDATES, EVERY, extra_lines=lines)
 
@@ -68,42 +70,43 @@ def assert_same_checkpoints(workdir_a, workdir_b, stage="asr"):
     assert meta_a == meta_b
 
 
-@pytest.mark.parametrize("fault, signum, stopped_after", [
-    ("asr.update:3=SIGINT@group", signal.SIGINT, 4),        # at an update
-    ("asr.update:5=SIGUSR1@group", signal.SIGUSR1, 6),
-    ("asr.dev_loss:1=SIGUSR1@group", signal.SIGUSR1, 4),    # computing the dev loss
-    ("asr.dev_decode:1=SIGTERM@group", signal.SIGTERM, 4),  # decoding the dev split
-])
-def test_a_stop_signal_to_the_process_group_saves_exits_and_resumes_bit_for_bit(
-    signals_config, uninterrupted, tmp_path, fault, signum, stopped_after):
+def _progress_steps(workdir) -> tuple[list[int], list[int]]:
+  """(evaluation checkpoints, progress checkpoints) of the run's ASR stage."""
+  checkpoints = ckpt_lib.StageCheckpoints(
+      os.path.join(workdir, "asr", "checkpoints"),
+      progress_directory=os.path.join(workdir, "asr", "progress"))
+  return checkpoints.steps(), sorted(checkpoints.progress.all_steps())
+
+
+def test_stop_signals_and_a_sigkill_to_the_process_group_then_the_reruns_end_bit_for_bit(
+    signals_config, uninterrupted, tmp_path):
+  """One run stopped four times, each rerun resuming where the last stopped: SIGINT at an
+  update, SIGUSR1 while the dev loss is computed, SIGKILL after a progress checkpoint (every 2
+  updates here), SIGTERM while the dev split is decoded; then it runs to its end."""
   workdir = str(tmp_path / "stopped")
-  process, stderr = _in_own_group(signals_config, workdir, fault)
-  assert process.returncode == 128 + signum == faults.exit_code(signum), stderr[-3000:]
-  assert "Traceback" not in stderr, stderr[-3000:]
-  assert (f"stopped by {signal.Signals(signum).name} in stage asr after update "
-          f"{stopped_after}; a checkpoint was saved" in stderr)
-  progress = ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints"), name="asr",
-                                       progress_directory=os.path.join(workdir, "asr",
-                                                                       "progress"))
-  assert list(progress.progress.all_steps()) == [stopped_after]
-  cut = stopped_after % EVERY == 0              # the evaluation of this update was cut short
-  assert progress.steps() == ([EVERY] if stopped_after > EVERY else [])
+  stops = [  # fault, exit status, the update stopped after, (evaluation, progress) checkpoints
+      ("asr.update:1=SIGINT@group", 128 + signal.SIGINT, 2, ([], [2])),
+      ("asr.dev_loss:1=SIGUSR1@group", 128 + signal.SIGUSR1, 4, ([], [4])),   # cut: due
+      ("asr.update:7", -signal.SIGKILL, None, ([4], [6])),                   # loses update 7
+      ("asr.dev_decode:1=SIGTERM@group", 128 + signal.SIGTERM, 8, ([4], [8])),
+  ]
+  resumed = None
+  for fault, status, stopped_after, kept in stops:
+    process, stderr = _in_own_group(signals_config, workdir, fault)
+    assert process.returncode == status, (fault, stderr[-3000:])
+    if resumed is not None:
+      assert f"resumed stage asr from step {resumed}" in stderr, stderr[-3000:]
+    if stopped_after is not None:
+      assert status == faults.exit_code(status - 128) and "Traceback" not in stderr, stderr
+      name = signal.Signals(status - 128).name
+      assert (f"stopped by {name} in stage asr after update {stopped_after}; a checkpoint "
+              f"was saved" in stderr), stderr[-3000:]
+    assert _progress_steps(workdir) == kept, fault
+    resumed = kept[1][-1]
   result = _run(signals_config, workdir)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert f"resumed stage asr from step {stopped_after}" in result.stderr
-  assert ("the dev evaluation of update" in result.stderr) == cut
+  assert "resumed stage asr from step 8" in result.stderr
+  assert "the dev evaluation of update 8, cut short by the stop, first" in result.stderr
   assert os.path.exists(os.path.join(workdir, "asr", DONE))
   assert not os.path.exists(os.path.join(workdir, "asr", "progress"))   # removed when done
   assert_same_checkpoints(uninterrupted, workdir)
-
-
-def test_progress_checkpoints_bound_what_a_sigkill_loses(prepared, uninterrupted, tmp_path):
-  config_file = _config(tmp_path, prepared[1], **{"train.checkpoint_every_updates": 2})
-  workdir = str(tmp_path / "killed")
-  process, stderr = _in_own_group(config_file, workdir, "asr.update:7")
-  assert process.returncode == -signal.SIGKILL, stderr[-3000:]
-  assert "step 6: progress checkpoint saved" in stderr
-  result = _run(config_file, workdir)
-  assert result.returncode == 0, result.stderr[-3000:]
-  assert "resumed stage asr from step 6" in result.stderr      # not 4: lost one update
-  assert_same_checkpoints(uninterrupted, workdir)        # progress ones change nothing else
