@@ -306,9 +306,16 @@ class SplitData:
     batches skip them, counted: Batcher)."""
     limit = self.config.max_target_tokens - (self.prefix is not None)
     prefixes = [()] * len(texts) if self.prefix is None else [(p,) for p in self.prefix]
-    encoded = [self.vocab.encode(str(t)) for t in texts]
-    self.target_too_long = np.array([len(e) > limit for e in encoded], bool)
-    return Ragged(list(p) + e[:limit] for p, e in zip(prefixes, encoded))
+    too_long = []
+
+    def rows():                      # one row at a time: never every encoding at once
+      for prefix, text in zip(prefixes, texts):
+        pieces = self.vocab.encode(str(text))
+        too_long.append(len(pieces) > limit)
+        yield list(prefix) + pieces[:limit]
+    tokens = Ragged(rows())
+    self.target_too_long = np.array(too_long, bool)
+    return tokens
 
   def _lang_tag_ids(self, target_langs) -> np.ndarray:
     ids = {}
