@@ -17,6 +17,7 @@ import pytest
 from data_prep import prepare
 from data_prep.common import locks
 from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.runtime import run_record
 from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import train
 from tests.test_reliability import _run, _write_config
@@ -164,3 +165,14 @@ def test_a_non_finite_dev_loss_is_never_the_best(tmp_path):
   for step, loss in ((1, 3.0), (2, math.nan), (3, -math.inf), (4, 5.0)):
     checkpoints.save(step, state, {"dev_loss": loss})
   assert checkpoints.best() == 1
+
+
+def test_settings_of_a_stage_that_has_not_trained_yet_may_change():
+  saved = {"model": {"ffn_dim": 32}, "asr": {"max_updates": 2, "lr": 1e-3},
+           "st": {"max_updates": 2, "lr": 2e-3}, "train": {"stages": ["asr"]}}
+  new = {"model": {"ffn_dim": 32}, "asr": {"max_updates": 2, "lr": 5e-4},
+         "st": {"max_updates": 2, "lr": 1e-3}, "train": {"stages": ["asr", "st"]}}
+  changes = run_record.config_changes(saved, new)
+  assert set(changes) == {"asr.lr", "st.lr", "train.stages"}
+  safe = {key for key in changes if run_record.is_safe(key, new, {"asr"})}
+  assert safe == {"st.lr", "train.stages"}               # the trained ASR stage's lr is not

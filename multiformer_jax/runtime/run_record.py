@@ -3,7 +3,8 @@
 The config: `{workdir}/config.json`. A rerun into a workdir that has trained compares its
 config with the saved one. Changes that leave the trained model and the data order as they
 are (SAFE_CHANGES: more updates, another evaluation or logging period, evaluation settings, the
-loader's processes) are logged and appended to `config_changes.jsonl`; any other change is
+loader's processes; a stage's settings before that stage has trained) are logged and appended
+to `config_changes.jsonl`; any other change is
 refused, naming each key with its saved and new value, unless accepted explicitly
 (`--accept_config_changes`), which is recorded the same way.
 
@@ -53,25 +54,29 @@ def config_changes(saved: dict, new: dict) -> dict:
           if saved.get(key) != new.get(key)}
 
 
-def is_safe(key: str, new: dict) -> bool:
-  """Whether changing `key` leaves the model and the data order as they are. A stage's
-  max_updates is safe unless its learning rate decays to 0 at max_updates."""
+def is_safe(key: str, new: dict, trained_stages: set[str] = frozenset()) -> bool:
+  """Whether changing `key` leaves what has trained and its data order as they are: the
+  SAFE_CHANGES, a stage's settings before it has trained, which stages the run trains, and a
+  stage's max_updates unless its learning rate decays to 0 at max_updates."""
+  section = key.split(".")[0]
+  is_stage = isinstance(new.get(section), dict) and "max_updates" in new[section]
+  if (is_stage and section not in trained_stages) or key == "train.stages":
+    return True
   if key.endswith(".max_updates"):
     return new.get(key.rsplit(".", 1)[0], {}).get("lr_scheduler") != "polynomial_decay"
   return any(fnmatch.fnmatchcase(key, pattern) for pattern in SAFE_CHANGES)
 
 
-def has_trained(workdir: str) -> bool:
-  """Whether any stage of the run has a checkpoint or has finished."""
-  if not os.path.isdir(workdir):
-    return False
-  for stage in os.listdir(workdir):
+def trained_stages(workdir: str) -> set[str]:
+  """The stages of the run (its directories) with a checkpoint, or finished."""
+  trained = set()
+  for stage in os.listdir(workdir) if os.path.isdir(workdir) else ():
     for name in ("checkpoints", "progress", "DONE.json"):
       path = os.path.join(workdir, stage, name)
       if os.path.isfile(path) or (os.path.isdir(path) and any(
           n.isdigit() for n in os.listdir(path))):
-        return True
-  return False
+        trained.add(stage)
+  return trained
 
 
 def record_config(workdir: str, config, accept_changes: bool = False,
@@ -81,12 +86,13 @@ def record_config(workdir: str, config, accept_changes: bool = False,
   log = log or logging.getLogger("multiformer_jax")
   path = os.path.join(workdir, CONFIG)
   text = config.to_json_best_effort(indent=1)
-  if os.path.exists(path) and has_trained(workdir):
+  trained = trained_stages(workdir)
+  if os.path.exists(path) and trained:
     with open(path, encoding="utf-8") as f:
       saved = json.load(f)
     new = json.loads(text)
     changes = config_changes(saved, new)
-    refused = {k: v for k, v in changes.items() if not is_safe(k, new)}
+    refused = {k: v for k, v in changes.items() if not is_safe(k, new, trained)}
     if refused and not accept_changes:
       listed = "; ".join(f"{k}: {old!r} -> {value!r}" for k, (old, value) in refused.items())
       raise ValueError(
