@@ -1,6 +1,7 @@
-"""A fairseq checkpoint becomes a run: the fixture saved by fairseq itself
-(tests/fixtures/fairseq_s2t_tiny.npz), imported with a fairseq-format data root written here,
-is evaluated and analysed through its workdir exactly as the imported parameters decode."""
+"""A fairseq checkpoint becomes a run: the fixtures saved by fairseq itself
+(tests/fixtures/fairseq_s2t_tiny.npz) and by the thesis's code (thesis_multiformer_tiny.pt, an
+s2t_multiformer with every head kind), imported with a fairseq-format data root written here,
+are evaluated and analysed through their workdir exactly as the imported parameters decode."""
 
 import json
 import os
@@ -18,6 +19,7 @@ from multiformer_jax.model import S2TModel
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "fairseq_s2t_tiny.npz")
+THESIS_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "thesis_multiformer_tiny.pt")
 FEATURES, SYMBOLS = 12, 29        # the fixture model's input size and output layer
 TEXT = ["the cat sat on the mat", "a dog ran in the park", "we read books at night",
         "she sings a song", "he paints the red door", "they walk to school"]
@@ -58,10 +60,12 @@ def write_root(root: str, rows_per_split=None):
         f.write(f"{row_id}\tfbank80.zip:{offset}:{length}\t{frames}\t{text}\tspk\t{text}\n")
 
 
-def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(tmp_path):
+@pytest.mark.parametrize("checkpoint", [FIXTURE, THESIS_FIXTURE], ids=["fairseq", "thesis"])
+def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(tmp_path,
+                                                                                checkpoint):
   root, out = str(tmp_path / "en-de"), str(tmp_path / "run")
   write_root(root)
-  result = import_fairseq.import_run(FIXTURE, root, "st", out)
+  result = import_fairseq.import_run(checkpoint, root, "st", out)
   config = ckpt_lib.load_config(out)
   assert config.data.corpus == "fairseq" and config.data.cmvn == "utterance"
   assert not config.data.specaugment and config.eval.beam == import_fairseq.FAIRSEQ_BEAM
@@ -74,7 +78,7 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
   with open(os.path.join(scores["directory"], "hyp.txt"), encoding="utf-8") as f:
     through_run = f.read().split("\n")[:-1]
   # Directly: the fixture's parameters converted in memory, the same search.
-  model_config, params, _ = import_fairseq.load_checkpoint(FIXTURE)
+  model_config, params, _ = import_fairseq.load_checkpoint(checkpoint)
   data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], stage="st", specaugment=False,
                                         max_frames=150), "dev")
   translate = inference.make_translate_for(S2TModel(model_config), config.eval)

@@ -44,13 +44,13 @@ def conv_value_taps(conv_type: str, params):
   return taps, bias
 
 
-def conv_selection(length: int, compressed_len: int, kernel: int, stride: int):
+def conv_selection(length: int, compressed_len: int, kernel: int, stride: int, pad: int):
   """[kernel, compressed_len, length]: 1 where compressed position m reads frame j at offset τ
-  (j = m·stride + τ - kernel//2; frames outside [0, length) are the conv's zero padding)."""
+  (j = m·stride + τ - pad; frames outside [0, length) are the conv's zero padding)."""
   m = jnp.arange(compressed_len)[None, :, None]
   tau = jnp.arange(kernel)[:, None, None]
   j = jnp.arange(length)[None, None, :]
-  return (m * stride + tau - kernel // 2 == j).astype(jnp.float32)
+  return (m * stride + tau - pad == j).astype(jnp.float32)
 
 
 def attention_taps(attn, ln_x, mask):
@@ -73,8 +73,10 @@ def attention_taps(attn, ln_x, mask):
     if isinstance(group.kind, layout_lib.ConvHeads):
       kind = group.kind
       taps, conv_bias = conv_value_taps(kind.conv_type, module.conv_v.variables["params"])
-      selection = conv_selection(length, group_weights.shape[-1], kind.kernel, kind.stride)
-      v_h = v_h * mask[:, :, None, None]                     # the conv sees zeroed padding
+      pad = kind.stride // 2 if kind.thesis else kind.kernel // 2
+      selection = conv_selection(length, group_weights.shape[-1], kind.kernel, kind.stride, pad)
+      if not kind.thesis:                                    # the conv sees zeroed padding
+        v_h = v_h * mask[:, :, None, None]
       b_taps = jnp.einsum("bgim,tmj->bgtij", group_weights, selection)
       u_taps = jnp.einsum("bjgc,tce,ged->bgtjd", v_h, taps, w_o_h)
       mixing.append(b_taps.reshape(batch, -1, length, length))

@@ -1,4 +1,5 @@
-"""Import of fairseq S2T checkpoints (the s2t_transformer family) into this model.
+"""Import of fairseq S2T checkpoints (the s2t_transformer family, and the thesis's
+s2t_multiformer family: thesis.py) into this model.
 
 fairseq's published MuST-C models can then be evaluated and analysed here. The mapping is
 pure numpy; a `.pt` file is read by safe_pickle.py (no torch, no code run from the file).
@@ -16,7 +17,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from multiformer_jax.import_fairseq import safe_pickle
+from multiformer_jax.import_fairseq import safe_pickle, thesis
+from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.model.attention.multi import group_name
 from multiformer_jax.model.model_config import ModelConfig
 
 # Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
@@ -37,12 +40,23 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
                               **overrides) -> ModelConfig:
   """The ModelConfig of a fairseq s2t_transformer from its model args and weights."""
   arch = str(args.get("arch", "s2t_transformer"))
-  if not arch.startswith("s2t_transformer"):
-    raise FairseqImportError(f"checkpoint architecture {arch!r} is not importable; supported: "
-                             f"the s2t_transformer family (s2t_transformer_s, _m, _l, ...)")
+  if not arch.startswith("s2t_transformer") and arch not in thesis.THESIS_ARCHS:
+    raise FairseqImportError(
+        f"checkpoint architecture {arch!r} is not importable; supported: the s2t_transformer "
+        f"family (s2t_transformer_s, _m, _l, ...) and the thesis's s2t_multiformer family "
+        f"({', '.join(thesis.THESIS_ARCHS)})")
   heads = int(_arg(args, "encoder_attention_heads", 4))
   encoder_layers = int(_arg(args, "encoder_layers", 12))
   kernels = tuple(int(k) for k in str(_arg(args, "conv_kernel_sizes", "5,5")).split(","))
+  strides = (2,) * len(kernels)
+  layout = f"{encoder_layers}x({heads}*full)"
+  thesis_values = {}
+  if arch in thesis.THESIS_ARCHS:
+    layers, kernels, strides = _thesis_encoder(args, state_dict)
+    encoder_layers, heads = len(layers), sum(g.num_heads for g in layers[0])
+    layout = layout_lib.format_layout(layers)
+    thesis_values = dict(semantics="thesis", qkv_bias=False, attention_init="pytorch",
+                         subsampler_masks_padding=False)
   values = dict(
       vocab_size=int(state_dict["decoder.embed_tokens.weight"].shape[0]),
       input_dim=int(_arg(args, "input_feat_per_channel", 80)) *
@@ -53,9 +67,9 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
       decoder_layers=int(_arg(args, "decoder_layers", 6)),
       encoder_heads=heads,
       decoder_heads=int(_arg(args, "decoder_attention_heads", 4)),
-      encoder_layout=f"{encoder_layers}x({heads}*full)",
+      encoder_layout=layout,
       conv_kernels=kernels,
-      conv_strides=(2,) * len(kernels),
+      conv_strides=strides,
       conv_channels=int(_arg(args, "conv_channels", 1024)),
       dropout=float(_arg(args, "dropout", 0.1)),
       attention_dropout=float(_arg(args, "attention_dropout", 0.1)),
@@ -71,8 +85,47 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
   if _arg(args, "share_decoder_input_output_embed", False):
     raise FairseqImportError("tied decoder embeddings are not supported (s2t_transformer "
                              "does not tie them)")
+  values.update(thesis_values)
   values.update(overrides)
   return ModelConfig(**values)
+
+
+def _ints(text, name: str) -> tuple[int, ...]:
+  try:
+    return tuple(int(v) for v in str(text).split(",") if v.strip())
+  except ValueError:
+    raise FairseqImportError(f"--{name} {text!r} is not a comma-separated list of integers")
+
+
+def _thesis_encoder(args, state_dict):
+  """(layout, subsampler kernels, strides) of an s2t_multiformer checkpoint."""
+  if not args.get("arg_supremo"):
+    raise FairseqImportError(f"checkpoint architecture {args.get('arch')!r} without "
+                             f"'arg_supremo': cannot tell its encoder's heads")
+  kernels = _ints(args.get("conv_ks", ""), "conv-ks")
+  strides = _ints(args.get("conv_strides", ""), "conv-strides")
+  if not kernels or len(kernels) != len(strides):
+    raise FairseqImportError(
+        f"--conv-ks {args.get('conv_ks')!r} and --conv-strides {args.get('conv_strides')!r}: "
+        f"this model needs a conv subsampler of at least one layer, one stride per kernel (the "
+        f"thesis's Identity2D, no subsampler, is not supported)")
+  layers_present = 1 + max((int(k.split(".")[2]) for k in state_dict
+                            if k.startswith("encoder.transformer_layers.")), default=-1)
+  fast_features = {int(k.split(".")[2]): v.shape[0] for k, v in state_dict.items()
+                   if k.startswith("encoder.transformer_layers.")
+                   and k.endswith(".projection_matrix")}
+  try:
+    layers = thesis.thesis_layout(str(args["arg_supremo"]), fast_features)
+  except thesis.ArgSupremoError as e:
+    raise FairseqImportError(str(e)) from None
+  if len(layers) != layers_present:
+    raise FairseqImportError(f"--arg-supremo describes {len(layers)} encoder layers, the "
+                             f"checkpoint's weights {layers_present}")
+  counts = {sum(g.num_heads for g in layer) for layer in layers}
+  if len(counts) != 1:
+    raise FairseqImportError(f"the encoder layers have different head counts {sorted(counts)}; "
+                             f"this model has one head count (and head_dim) for every layer")
+  return layers, kernels, strides
 
 
 def _linear(sd, prefix):
@@ -88,6 +141,42 @@ def _layer_norm(sd, prefix):
 
 def _attention(sd, prefix):
   return {n: _linear(sd, f"{prefix}.{n}") for n in ("q_proj", "k_proj", "v_proj", "out_proj")}
+
+
+def _conv(sd, prefix):
+  """A torch Conv1d [out, in, k] -> flax's [k, in, out] (a depthwise one: [k, 1, channels])."""
+  return {"kernel": np.transpose(sd[f"{prefix}.weight"], (2, 1, 0)), "bias": sd[f"{prefix}.bias"]}
+
+
+def _thesis_attention(sd, prefix, layer, config):
+  """The thesis's MultiheadMultiAttention (wq/wk/wv without bias, wo, `attentions.j`) -> this
+  model's self-attention of `layer`, heads moved from the thesis's channel order to the
+  layout's (thesis.py)."""
+  head_dim = config.d_model // config.encoder_heads
+  heads, modules = thesis.thesis_head_order(layer)
+  params = {}
+  for ours, theirs in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv")):
+    if f"{prefix}.{theirs}.bias" in sd:
+      raise FairseqImportError(f"{prefix}.{theirs} has a bias; the thesis's projections have none")
+    params[ours] = {"kernel": thesis.head_rows(sd[f"{prefix}.{theirs}.weight"], heads, head_dim,
+                                               axis=0).T}
+  params["out_proj"] = {"kernel": thesis.head_rows(sd[f"{prefix}.wo.weight"], heads, head_dim,
+                                                   axis=1).T,
+                        "bias": sd[f"{prefix}.wo.bias"]}
+  for g, (group, module) in enumerate(zip(layer, modules)):
+    p = f"{prefix}.attentions.{module}"
+    kind = group.kind
+    if isinstance(kind, layout_lib.KernelHeads):
+      params[group_name(g, kind)] = {"projection": sd[f"{p}.projection_matrix"]}
+    elif isinstance(kind, layout_lib.ConvHeads):
+      conv = {}
+      for name in ("conv_k", "conv_v"):
+        if kind.conv_type == "separable":
+          conv[name] = {"conv": _conv(sd, f"{p}.{name}.0"), "pointwise": _conv(sd, f"{p}.{name}.1")}
+        else:
+          conv[name] = {"conv": _conv(sd, f"{p}.{name}")}
+      params[group_name(g, kind)] = conv
+  return params
 
 
 def _ffn(sd, prefix):
@@ -119,8 +208,10 @@ def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> di
   encoder = {"subsample": subsample, "layer_norm": _layer_norm(t, "encoder.layer_norm")}
   for i in range(config.encoder_layers):
     p = f"encoder.transformer_layers.{i}"
+    is_thesis = f"{p}.self_attn.wq.weight" in t
     encoder[f"layers_{i}"] = {
-        "self_attn": _attention(t, f"{p}.self_attn"),
+        "self_attn": (_thesis_attention(t, f"{p}.self_attn", config.layout[i], config)
+                      if is_thesis else _attention(t, f"{p}.self_attn")),
         "self_attn_layer_norm": _layer_norm(t, f"{p}.self_attn_layer_norm"),
         "final_layer_norm": _layer_norm(t, f"{p}.final_layer_norm"),
         "ffn": _ffn(t, p)}

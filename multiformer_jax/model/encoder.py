@@ -34,7 +34,8 @@ class EncoderLayer(nn.Module):
         cfg.d_model, self.layer_layout, cfg.attention_dropout, cfg.kernel_redraw,
         cfg.kernel_seed * 7919 + self.layer_index, cfg.local_block_size, cfg.qkv_bias,
         cfg.compute_dtype, cfg.encoder_heads if cfg.encoder_candidates else 0,
-        cfg.resolved_key_block_size, cfg.attention_implementation, name="self_attn")
+        cfg.resolved_key_block_size, cfg.attention_implementation, cfg.attention_init,
+        name="self_attn")
     self.dropout = Dropout(cfg.dropout)
     self.final_layer_norm = layer_norm("final_layer_norm")
     self.ffn = FeedForward(cfg.d_model, cfg.ffn_dim, cfg.dropout, cfg.activation_dropout,

@@ -14,6 +14,13 @@ head. Kinds and their arguments:
     conv[(k,s[,type])]          keys/values compressed in time by a Conv1d of kernel k, stride s
                                 (type: depthwise [default], standard, separable; default 5,2)
 
+Each of local, kernel and conv also takes the word ``thesis`` as its last argument: the head then
+computes what the thesis's code (mt-upc/fairseq, branch multiformer) computes, quirks included
+(docs/thesis_semantics.md): ``local(64,thesis)`` blocked windows of buckets w//3 (local-attention
+1.4.3), ``kernel(thesis)`` / ``kernel(m,thesis)`` performer-pytorch's FastAttention (int(hd ln hd)
+features when m is not given, a projection matrix held as a weight, no padding mask),
+``conv(5,2,thesis)`` its ConvAttention (padding s//2, padded frames fed in, its mask arithmetic).
+
 Config order is channel order: the first group gets the first ``n * head_dim`` channels of the
 q/k/v projections and the first rows of W_o, so analyses map heads one to one.
 
@@ -27,7 +34,8 @@ import re
 from typing import Union
 
 CONV_TYPES = ("depthwise", "standard", "separable")
-KINDS_HELP = "full, local(w[,d]), kernel[(m)], conv[(k,s[,type])]"
+KINDS_HELP = ("full, local(w[,d]), kernel[(m)], conv[(k,s[,type])]; local, kernel and conv "
+              "also take a last argument 'thesis'")
 
 
 class LayoutError(ValueError):
@@ -40,23 +48,37 @@ class FullHeads:
     return "full"
 
 
+THESIS = "thesis"          # the argument that selects a kind's thesis-code semantics
+
+
+def _args_text(name: str, args: list, thesis: bool) -> str:
+  args = [str(a) for a in args] + ([THESIS] if thesis else [])
+  return f"{name}({','.join(args)})" if args else name
+
+
 @dataclasses.dataclass(frozen=True)
 class LocalHeads:
+  """Exact centred window of odd size `window` (every `dilation`-th key); with `thesis`, the
+  thesis's blocked window: buckets of window//3 positions, each query seeing its own bucket and
+  the ones before and after it (model/attention/local_thesis.py)."""
   window: int
   dilation: int = 1
+  thesis: bool = False
 
   def __str__(self):
-    if self.dilation == 1:
-      return f"local({self.window})"
-    return f"local({self.window},{self.dilation})"
+    return _args_text("local", [self.window] + ([self.dilation] if self.dilation != 1 else []),
+                      self.thesis)
 
 
 @dataclasses.dataclass(frozen=True)
 class KernelHeads:
+  """FAVOR+ with `features` random features; with `thesis`, performer-pytorch's FastAttention as
+  the thesis used it (features 0 = its default int(hd ln hd))."""
   features: int = 256
+  thesis: bool = False
 
   def __str__(self):
-    return f"kernel({self.features})"
+    return _args_text("kernel", [self.features] if self.features else [], self.thesis)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,11 +86,11 @@ class ConvHeads:
   kernel: int = 5
   stride: int = 2
   conv_type: str = "depthwise"
+  thesis: bool = False
 
   def __str__(self):
-    if self.conv_type == "depthwise":
-      return f"conv({self.kernel},{self.stride})"
-    return f"conv({self.kernel},{self.stride},{self.conv_type})"
+    args = [self.kernel, self.stride] + ([self.conv_type] if self.conv_type != "depthwise" else [])
+    return _args_text("conv", args, self.thesis)
 
 
 HeadKind = Union[FullHeads, LocalHeads, KernelHeads, ConvHeads]
@@ -192,6 +214,12 @@ class _Parser:
 
 def _make_kind(name: str, args: list, error) -> HeadKind:
   lowered = name.lower()
+  thesis = bool(args) and isinstance(args[-1], str) and args[-1].lower() == THESIS
+  if thesis:
+    if lowered == "full":
+      raise error("full takes no arguments: its thesis semantics are its own (a softmax over "
+                  "every valid key)")
+    args = args[:-1]
 
   def ints(lo: int, hi: int, usage: str) -> list[int]:
     if not lo <= len(args) <= hi or not all(isinstance(a, int) for a in args[:hi]):
@@ -206,8 +234,13 @@ def _make_kind(name: str, args: list, error) -> HeadKind:
     if not args:
       raise error("local needs a window size: local(w) or local(w,d) with w odd, e.g. "
                   "local(65) for the thesis's Local(64) (64/2 tokens on each side)")
-    window, *rest = ints(1, 2, "local(w) or local(w,d)")
+    window, *rest = ints(1, 1 if thesis else 2,
+                         "local(w,thesis)" if thesis else "local(w) or local(w,d)")
     dilation = rest[0] if rest else 1
+    if thesis:
+      if window < 3:
+        raise error(f"local(w,thesis) needs w >= 3 (buckets of w//3 positions), got {window}")
+      return LocalHeads(window, 1, thesis=True)
     if window < 1 or window % 2 == 0:
       raise error(f"local window must be an odd number >= 1 (exact centred window "
                   f"|i-j| <= w//2), got {window}; use {max(1, window - 1)} or {window + 1} (the "
@@ -216,10 +249,11 @@ def _make_kind(name: str, args: list, error) -> HeadKind:
       raise error(f"local dilation must be >= 1, got {dilation}")
     return LocalHeads(window, dilation)
   if lowered in ("kernel", "fast", "performer"):
-    (features,) = ints(0, 1, "kernel or kernel(m)") or [256]
-    if features < 1:
+    (features,) = ints(0, 1, "kernel, kernel(m), kernel(thesis) or kernel(m,thesis)") or [
+        0 if thesis else 256]
+    if features < 1 and not (thesis and features == 0):
       raise error(f"kernel feature count must be >= 1, got {features}")
-    return KernelHeads(features)
+    return KernelHeads(features, thesis)
   if lowered == "conv":
     conv_type = "depthwise"
     if len(args) == 3 and isinstance(args[2], str):
@@ -227,14 +261,32 @@ def _make_kind(name: str, args: list, error) -> HeadKind:
       args = args[:2]
       if conv_type not in CONV_TYPES:
         raise error(f"unknown conv type {conv_type!r}; valid: {', '.join(CONV_TYPES)}")
-    kernel, stride = ints(0, 2, "conv, conv(k,s) or conv(k,s,type)") or [5, 2]
+    kernel, stride = ints(0, 2, "conv, conv(k,s), conv(k,s,type) or conv(k,s[,type],thesis)") or [
+        5, 2]
     if kernel < 1 or stride < 1:
       raise error(f"conv kernel and stride must be >= 1, got kernel {kernel}, stride {stride}")
     if stride > kernel:
       raise error(f"conv stride {stride} is larger than its kernel {kernel}: frames would be "
                   f"skipped; use a stride <= kernel")
-    return ConvHeads(kernel, stride, conv_type)
+    return ConvHeads(kernel, stride, conv_type, thesis)
   raise error(f"unknown head kind {name!r}; valid kinds: {KINDS_HELP}")
+
+
+def thesis_kind(kind: HeadKind) -> HeadKind:
+  """The kind as the thesis's code computes it (full heads are the same)."""
+  if isinstance(kind, FullHeads) or kind.thesis:
+    return kind
+  if isinstance(kind, LocalHeads):
+    if kind.dilation != 1:
+      raise LayoutError(f"{kind} has no thesis form: the thesis's local heads are not dilated")
+    return LocalHeads(kind.window, 1, thesis=True)
+  return dataclasses.replace(kind, thesis=True)
+
+
+def thesis_layout(layout: Layout) -> Layout:
+  """Every local, kernel and conv head of `layout` in its thesis form (model.semantics)."""
+  return tuple(tuple(HeadGroup(thesis_kind(g.kind), g.num_heads) for g in layer)
+               for layer in layout)
 
 
 def parse_layout(text: str, num_layers: int | None = None, num_heads: int | None = None,

@@ -23,6 +23,11 @@ from multiformer_jax.model.attention.kernel import REDRAW_POLICIES
 from multiformer_jax.model.head_selection import INFERENCE_MODES, STRATEGIES
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+SEMANTICS = ("exact", "thesis")
+ATTENTION_INITS = ("fairseq", "pytorch")
+# What model.semantics="thesis" sets besides the heads' kinds (docs/thesis_semantics.md).
+THESIS_SETTINGS = {"qkv_bias": False, "attention_init": "pytorch",
+                   "subsampler_masks_padding": False}
 TASK_TAGS = ("", "source_lang", "target_lang", "domain", "pair")
 DROPOUT_RATES = ("dropout", "attention_dropout", "activation_dropout")   # each in [0, 1)
 # model.key_block_size / model.ffn_token_chunk = AUTO: the faster form for the backend. Blockwise
@@ -89,6 +94,15 @@ class ModelConfig:
       "our softmax elsewhere; 'xla' = always ours; 'cudnn' / 'flash' = that kernel or an "
       "error. Local and kernel heads on a CPU: C++ kernels (docs/kernels.md), unless 'xla'")
   qkv_bias: bool = setting(True, "bias in the q/k/v projections (fairseq: yes; thesis code: no)")
+  attention_init: str = setting(
+      "fairseq", "encoder self-attention projections' initialisation: 'fairseq' (its "
+      "MultiheadAttention: Xavier-uniform, q/k/v with gain 1/sqrt(2), W_o's bias 0) | 'pytorch' "
+      "(nn.Linear's default, U(+-1/sqrt(d)) weights and biases: the thesis's code)")
+  semantics: str = setting(
+      "exact", "'exact': heads mask padding exactly, local windows are centred | 'thesis': the "
+      "whole model computes what the thesis's code computes (docs/thesis_semantics.md): every "
+      "local/kernel/conv head in its thesis form (model/layout.py), and qkv_bias=False, "
+      "attention_init='pytorch', subsampler_masks_padding=False whatever those keys say")
   dtype: str = setting(
       "auto", "compute dtype: float32 | bfloat16 (parameters stay float32) | auto: bfloat16 "
       "on a GPU or TPU, float32 on a CPU")
@@ -135,6 +149,9 @@ class ModelConfig:
     # Normalise sequences (ConfigDicts hold lists) so the dataclass stays hashable.
     for name in ("conv_kernels", "conv_strides"):
       object.__setattr__(self, name, tuple(int(v) for v in getattr(self, name)))
+    if self.semantics == "thesis":
+      for name, value in THESIS_SETTINGS.items():
+        object.__setattr__(self, name, value)
     self.validate()
 
   def validate(self):
@@ -144,6 +161,11 @@ class ModelConfig:
     if self.attention_implementation not in IMPLEMENTATIONS:
       raise ConfigError(f"model.attention_implementation={self.attention_implementation!r}; "
                         f"valid: {IMPLEMENTATIONS}")
+    if self.semantics not in SEMANTICS:
+      raise ConfigError(f"model.semantics={self.semantics!r}; valid: {SEMANTICS}")
+    if self.attention_init not in ATTENTION_INITS:
+      raise ConfigError(f"model.attention_init={self.attention_init!r}; valid: "
+                        f"{ATTENTION_INITS}")
     if self.kernel_redraw not in REDRAW_POLICIES:
       raise ConfigError(f"model.kernel_redraw={self.kernel_redraw!r}; valid: {REDRAW_POLICIES}")
     if len(self.conv_kernels) != len(self.conv_strides) or not self.conv_kernels:
@@ -165,7 +187,13 @@ class ModelConfig:
                         f"only with a CTC head (its distribution over source pieces is what "
                         f"the stacked text encoder reads)")
     self.validate_selection()
-    self.layout  # parses and validates the encoder layout
+    thesis_kernels = [kind for layer in self.layout for kind in layout_lib.layer_head_kinds(layer)
+                      if isinstance(kind, layout_lib.KernelHeads) and kind.thesis]
+    if thesis_kernels and self.kernel_redraw != "fixed":
+      raise ConfigError(
+          f"model.kernel_redraw={self.kernel_redraw!r} with {thesis_kernels[0]} heads: their "
+          f"features are a weight of the model, drawn once (performer-pytorch's FastAttention "
+          f"as the thesis's code used it); use kernel_redraw='fixed'")
 
   def validate_selection(self):
     for name in ("task_tag", "encoder_task_tag", "decoder_task_tag"):
@@ -221,6 +249,12 @@ class ModelConfig:
 
   @functools.cached_property
   def layout(self) -> layout_lib.Layout:
+    """The encoder's heads, parsed and validated; with semantics='thesis' in their thesis
+    forms."""
+    layout = self._parsed_layout()
+    return layout_lib.thesis_layout(layout) if self.semantics == "thesis" else layout
+
+  def _parsed_layout(self) -> layout_lib.Layout:
     if self.encoder_candidates:   # the layout lists the candidates; head_dim = d / H
       try:
         return layout_lib.parse_layout(self.encoder_layout, self.encoder_layers,

@@ -16,7 +16,8 @@ class Conv1dSubsampler(nn.Module):
   2*out_dim) then GLU over channels, halving them. With `masks_padding` padded frames are
   zeroed before each conv, so an utterance's output does not depend on what it is batched
   with; without, only the input's padding is zero, as in fairseq, where the first conv's
-  output over the padding reaches the last valid frames through the next conv. Stride 1
+  output over the padding reaches the last valid frames through the next conv, and the output
+  at padded positions is kept (the thesis's unmasked heads read it). Stride 1
   everywhere gives the thesis's no-downsampling variants.
   """
   channels: int = 1024
@@ -42,5 +43,6 @@ class Conv1dSubsampler(nn.Module):
                   name=f"conv_layers_{i}")(x)
       x = nn.glu(x, axis=-1)                      # [batch, frames_i, out_channels // 2]
       lengths = conv_output_lengths(lengths, kernel, stride, pad)
-    x = x * lengths_to_mask(lengths, x.shape[1])[..., None].astype(x.dtype)
+    if self.masks_padding:
+      x = x * lengths_to_mask(lengths, x.shape[1])[..., None].astype(x.dtype)
     return x, lengths

@@ -6,7 +6,15 @@ compressed. Padded frames are zeroed before the conv (the thesis code fed them i
 pads k//2 zeros on each side, and compressed position o is a valid key iff it exists when the
 utterance is convolved on its own: o < (len + 2*(k//2) - k)//s + 1. So an utterance's output
 never depends on its padding. `conv(1,1)` with an identity kernel is exactly `full`.
+
+`conv(k,s,thesis)` heads compute the thesis code's ConvAttention: K and V (padded frames
+included, not zeroed) right-padded with zeros to k + s*ceil((T - k)/s) frames (T the batch's
+length; k if T <= k), convolved with padding s//2, and compressed key o valid iff
+o < (len + 2*(s//2) - k)//s + 1 for the utterance's own length. A short utterance can have no
+valid compressed key: the reference's softmax gives NaN there, these heads give 0.
 """
+
+import math
 
 import flax.linen as nn
 import jax.numpy as jnp
@@ -42,13 +50,15 @@ class DepthwiseConv1d(nn.Module):
   its function through depthwise_conv1d."""
   kernel: int
   stride: int
+  pad: int = -1                  # -1: kernel // 2
 
   @nn.compact
   def __call__(self, x):
     channels = x.shape[-1]
     kernel = self.param("kernel", torch_default_kernel, (self.kernel, 1, channels))
     bias = self.param("bias", torch_default_bias(self.kernel), (channels,))
-    return depthwise_conv1d(x, kernel, bias, self.stride, self.kernel // 2)
+    return depthwise_conv1d(x, kernel, bias, self.stride,
+                            self.kernel // 2 if self.pad < 0 else self.pad)
 
 
 class TimeCompression(nn.Module):
@@ -56,27 +66,35 @@ class TimeCompression(nn.Module):
   kernel: int
   stride: int
   conv_type: str = "depthwise"   # depthwise | standard | separable
+  pad: int = -1                  # zeros on each side; -1: kernel // 2
 
   @nn.compact
   def __call__(self, x):
     channels = x.shape[-1]
+    pad = self.kernel // 2 if self.pad < 0 else self.pad
     if self.conv_type == "standard":
-      pad = self.kernel // 2
       x = nn.Conv(channels, (self.kernel,), strides=(self.stride,), padding=[(pad, pad)],
                   kernel_init=torch_default_kernel,
                   bias_init=torch_default_bias(channels * self.kernel), name="conv")(x)
     else:
-      x = DepthwiseConv1d(self.kernel, self.stride, name="conv")(x)
+      x = DepthwiseConv1d(self.kernel, self.stride, pad, name="conv")(x)
     if self.conv_type == "separable":
       x = nn.Conv(channels, (1,), kernel_init=torch_default_kernel,
                   bias_init=torch_default_bias(channels), name="pointwise")(x)
     return x
 
 
-def compressed_key_mask(key_mask, kernel: int, stride: int, compressed_len: int):
-  """[batch, time] prefix mask -> [batch, compressed_len] mask of compressed keys."""
-  lengths = conv_output_lengths(jnp.sum(key_mask, axis=1), kernel, stride, kernel // 2)
+def compressed_key_mask(key_mask, kernel: int, stride: int, compressed_len: int, pad: int = -1):
+  """[batch, time] prefix mask -> [batch, compressed_len] mask of compressed keys (pad -1:
+  kernel // 2; a length <= 0 masks every key)."""
+  pad = kernel // 2 if pad < 0 else pad
+  lengths = conv_output_lengths(jnp.sum(key_mask, axis=1), kernel, stride, pad)
   return lengths_to_mask(lengths, compressed_len)
+
+
+def thesis_pre_conv_length(length: int, kernel: int, stride: int) -> int:
+  """The thesis code's right-padded length before its conv: k + s*ceil((T - k)/s), or k."""
+  return kernel + stride * math.ceil((length - kernel) / stride) if length > kernel else kernel
 
 
 class ConvAttention(nn.Module):
@@ -86,22 +104,30 @@ class ConvAttention(nn.Module):
   attention_dropout: float = 0.0
   key_block_size: int = 0     # > 0: exact blockwise softmax over the compressed keys
   implementation: str = "xla"  # auto | xla | cudnn (fused.py)
+  thesis: bool = False         # the thesis code's padding and mask (module docstring)
 
   def setup(self):
-    self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type)
-    self.conv_v = TimeCompression(self.kernel, self.stride, self.conv_type)
+    pad = self.stride // 2 if self.thesis else -1
+    self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type, pad)
+    self.conv_v = TimeCompression(self.kernel, self.stride, self.conv_type, pad)
     self.dropout = Dropout(self.attention_dropout)
 
   def compress(self, compression: TimeCompression, x, key_mask):
     """[batch, time, heads, head_dim] -> [batch, compressed, heads, head_dim]."""
     batch, length, heads, head_dim = x.shape
-    x = x * key_mask[:, :, None, None].astype(x.dtype)
+    if self.thesis:
+      extra = thesis_pre_conv_length(length, self.kernel, self.stride) - length
+      x = jnp.pad(x, [(0, 0), (0, extra), (0, 0), (0, 0)])
+      length += extra
+    else:
+      x = x * key_mask[:, :, None, None].astype(x.dtype)
     x = jnp.swapaxes(x, 1, 2).reshape(batch * heads, length, head_dim)
     x = compression(x).reshape(batch, heads, -1, head_dim)
     return jnp.swapaxes(x, 1, 2)
 
   def compressed_mask(self, key_mask, compressed_len: int):
-    return compressed_key_mask(key_mask, self.kernel, self.stride, compressed_len)
+    return compressed_key_mask(key_mask, self.kernel, self.stride, compressed_len,
+                               self.stride // 2 if self.thesis else -1)
 
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     k_c = self.compress(self.conv_k, k, key_mask)

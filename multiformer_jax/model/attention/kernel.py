@@ -18,7 +18,15 @@ about 1.5x faster fwd+bwd at n = 4096); `implementation="xla"` keeps them on XLA
 Features are either fixed (drawn from `seed`, the same on every call, so a checkpoint plus its
 config reproduce them) or redrawn at every training step from the step's dropout key; eval
 always uses the fixed draw.
+
+`kernel(thesis)` heads compute performer-pytorch 1.1.3's FastAttention as the thesis's code
+called it: no padding mask (padded keys and their values count, and the keys' stabiliser is the
+maximum over every position), int(hd ln hd) features unless given, and the projection matrix a
+weight of the model (`projection`, drawn at initialisation as FastAttention draws it, never
+trained: its gradient is stopped), so a checkpoint of the thesis's code imports exactly.
 """
+
+import math
 
 import flax.linen as nn
 import jax
@@ -165,13 +173,29 @@ def favor_weights(q, k, key_mask, projection):
   return scores / jnp.maximum(jnp.sum(scores, axis=-1, keepdims=True), 1e-30)
 
 
+def thesis_feature_count(head_dim: int) -> int:
+  """performer-pytorch's default feature count: int(hd ln hd) (266 for hd 64)."""
+  return int(head_dim * math.log(head_dim))
+
+
 class KernelAttention(nn.Module):
-  features: int = 256
+  features: int = 256     # 0 with `thesis`: thesis_feature_count
   redraw: str = "fixed"   # one of REDRAW_POLICIES
   seed: int = 0
   implementation: str = "auto"   # one of cpu_kernels.IMPLEMENTATIONS
+  thesis: bool = False    # performer-pytorch's FastAttention, as the thesis's code used it
+  head_dim: int = 0       # with `thesis`: the projection weight's width
+
+  def setup(self):
+    if self.thesis:
+      features = self.features or thesis_feature_count(self.head_dim)
+      self.projection_weight = self.param(
+          "projection", lambda key, shape: orthogonal_gaussian_features(key, *shape),
+          (features, self.head_dim))                         # [features, head_dim]
 
   def projection(self, head_dim: int, deterministic: bool):
+    if self.thesis:
+      return jax.lax.stop_gradient(self.projection_weight)
     if self.redraw not in REDRAW_POLICIES:
       raise ValueError(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
     if self.redraw == "step" and not deterministic:
@@ -181,9 +205,13 @@ class KernelAttention(nn.Module):
       return orthogonal_gaussian_features(jax.random.PRNGKey(self.seed), self.features, head_dim)
 
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
+    if self.thesis:              # every position a key, padded ones included
+      key_mask = jnp.ones_like(key_mask)
     return favor_attention(q, k, v, key_mask, self.projection(q.shape[-1], deterministic),
                            self.implementation)
 
   def token_weights(self, q, k, key_mask):
     """[batch, heads, q_len, k_len] with the evaluation-time (fixed) features."""
+    if self.thesis:
+      key_mask = jnp.ones_like(key_mask)
     return favor_weights(q, k, key_mask, self.projection(q.shape[-1], True))

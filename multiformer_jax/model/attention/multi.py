@@ -20,16 +20,20 @@ from multiformer_jax.model.attention.conv import ConvAttention
 from multiformer_jax.model.attention.full import FullAttention
 from multiformer_jax.model.attention.kernel import KernelAttention
 from multiformer_jax.model.attention.local import LocalAttention
+from multiformer_jax.model.attention.local_thesis import ThesisLocalAttention
 from multiformer_jax.model.head_selection import gather_heads
-from multiformer_jax.model.initializers import torch_default_bias, xavier_uniform, xavier_uniform_qkv
+from multiformer_jax.model.initializers import (torch_default_bias, torch_default_kernel,
+                                                xavier_uniform, xavier_uniform_qkv)
 
 
 def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed: int,
                 local_block_size: int, key_block_size: int, implementation: str,
-                name: str) -> nn.Module:
+                name: str, head_dim: int = 0) -> nn.Module:
   """The attention module of one head group."""
   if isinstance(kind, layout_lib.FullHeads):
     return FullAttention(attention_dropout, key_block_size, implementation, name=name)
+  if isinstance(kind, layout_lib.LocalHeads) and kind.thesis:
+    return ThesisLocalAttention(kind.window, attention_dropout, name=name)
   if isinstance(kind, layout_lib.LocalHeads):
     # 'xla' keeps every head kind on XLA; the GPU kernels' names leave local and kernel heads
     # on 'auto' (their CPU kernels where they apply).
@@ -37,10 +41,11 @@ def head_module(kind, attention_dropout: float, kernel_redraw: str, kernel_seed:
                           "xla" if implementation == "xla" else "auto", name=name)
   if isinstance(kind, layout_lib.KernelHeads):
     return KernelAttention(kind.features, kernel_redraw, kernel_seed,
-                           "xla" if implementation == "xla" else "auto", name=name)
+                           "xla" if implementation == "xla" else "auto", kind.thesis, head_dim,
+                           name=name)
   if isinstance(kind, layout_lib.ConvHeads):
     return ConvAttention(kind.kernel, kind.stride, kind.conv_type, attention_dropout,
-                         key_block_size, implementation, name=name)
+                         key_block_size, implementation, kind.thesis, name=name)
   raise TypeError(f"unknown head kind {kind!r}")
 
 
@@ -64,6 +69,7 @@ class MultiHeadMultiAttention(nn.Module):
   selected_heads: int = 0          # H of the layout's H' candidates; 0 = every head, no selection
   key_block_size: int = 0          # full and conv heads: blockwise softmax over this many keys
   attention_implementation: str = "xla"   # full and conv heads: auto | xla | cudnn (fused.py)
+  attention_init: str = "fairseq"  # fairseq (Xavier) | pytorch (nn.Linear's: the thesis's code)
 
   def setup(self):
     num_heads = sum(g.num_heads for g in self.layer_layout)
@@ -79,16 +85,20 @@ class MultiHeadMultiAttention(nn.Module):
                       kernel_init=kernel_init, bias_init=torch_default_bias(self.d_model),
                       dtype=self.dtype, name=name)
 
-    self.q_proj = projection("q_proj", xavier_uniform_qkv)
-    self.k_proj = projection("k_proj", xavier_uniform_qkv)
-    self.v_proj = projection("v_proj", xavier_uniform_qkv)
-    self.out_proj = nn.Dense(self.d_model, kernel_init=xavier_uniform,
-                             bias_init=nn.initializers.zeros, dtype=self.dtype, name="out_proj")
+    pytorch_init = self.attention_init == "pytorch"
+    qkv_init = torch_default_kernel if pytorch_init else xavier_uniform_qkv
+    self.q_proj = projection("q_proj", qkv_init)
+    self.k_proj = projection("k_proj", qkv_init)
+    self.v_proj = projection("v_proj", qkv_init)
+    self.out_proj = nn.Dense(
+        self.d_model, kernel_init=torch_default_kernel if pytorch_init else xavier_uniform,
+        bias_init=torch_default_bias(num_heads * self.head_dim) if pytorch_init
+        else nn.initializers.zeros, dtype=self.dtype, name="out_proj")
     self.groups = [
         head_module(g.kind, self.attention_dropout, self.kernel_redraw,
                     self.kernel_seed * 1009 + i, self.local_block_size, self.key_block_size,
                     self.attention_implementation,
-                    group_name(i, g.kind))
+                    group_name(i, g.kind), self.head_dim)
         for i, g in enumerate(self.layer_layout)]
 
   def split_heads(self, projection: nn.Dense, x):
