@@ -24,6 +24,7 @@ from multiformer_jax.model.model_config import ModelConfig
 
 # Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
 # "BetterTransformer" fast path (in_proj_weight = cat(q, k, v), fc1_weight = fc1.weight, ...).
+HEAD_SELECTION_ARCH = "head_selection_s2t_transformer"
 _IGNORED = re.compile(r".*(_float_tensor|version|\.(in_proj|out_proj|fc1|fc2)_(weight|bias))$")
 
 
@@ -40,11 +41,12 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
                               **overrides) -> ModelConfig:
   """The ModelConfig of a fairseq s2t_transformer from its model args and weights."""
   arch = str(args.get("arch", "s2t_transformer"))
-  if not arch.startswith("s2t_transformer") and arch not in thesis.THESIS_ARCHS:
+  if not arch.startswith(("s2t_transformer", HEAD_SELECTION_ARCH)) and \
+      arch not in thesis.THESIS_ARCHS:
     raise FairseqImportError(
         f"checkpoint architecture {arch!r} is not importable; supported: the s2t_transformer "
-        f"family (s2t_transformer_s, _m, _l, ...) and the thesis's s2t_multiformer family "
-        f"({', '.join(thesis.THESIS_ARCHS)})")
+        f"family (s2t_transformer_s, _m, _l, ...), fairseq's {HEAD_SELECTION_ARCH}(_s) and "
+        f"the thesis's s2t_multiformer family ({', '.join(thesis.THESIS_ARCHS)})")
   heads = int(_arg(args, "encoder_attention_heads", 4))
   encoder_layers = int(_arg(args, "encoder_layers", 12))
   kernels = tuple(int(k) for k in str(_arg(args, "conv_kernel_sizes", "5,5")).split(","))
@@ -86,8 +88,37 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
     raise FairseqImportError("tied decoder embeddings are not supported (s2t_transformer "
                              "does not tie them)")
   values.update(thesis_values)
+  if arch.startswith(HEAD_SELECTION_ARCH):
+    values.update(_head_selection_values(args, state_dict, encoder_layers, heads))
   values.update(overrides)
   return ModelConfig(**values)
+
+
+def _head_selection_values(args, state_dict, encoder_layers: int, heads: int) -> dict:
+  """The ModelConfig values of fairseq's examples/attention_head_selection model."""
+  if _arg(args, "dec_enc_attn_head_select", False):
+    raise FairseqImportError("--dec-enc-attn-head-select: head selection in the decoder's "
+                             "encoder attention is not implemented here (encoder and decoder "
+                             "self-attention are)")
+  values = {"selection_strategy": str(_arg(args, "attn_head_select_strategy", "group")),
+            "selection_subset_order": "score"}
+  for side, flag, total in (("encoder", "encoder_attn_head_select",
+                             "total_encoder_attention_heads"),
+                            ("decoder", "decoder_self_attn_head_select",
+                             "total_decoder_attention_heads")):
+    if not _arg(args, flag, False):
+      continue
+    logits = state_dict.get(f"{side}.{'attn' if side == 'encoder' else 'self_attn'}"
+                            f"_head_selector.head_logits")
+    if logits is None:
+      raise FairseqImportError(f"--{flag.replace('_', '-')} but no {side} head_logits in the "
+                               f"checkpoint")
+    values[f"{side}_candidates"] = int(_arg(args, total, 8))
+    values[f"{side}_num_tasks"] = int(logits.shape[0])
+  values["num_tasks"] = max(values.get("encoder_num_tasks", 1), values.get("decoder_num_tasks", 1))
+  if "encoder_candidates" in values:
+    values["encoder_layout"] = f"{encoder_layers}x({values['encoder_candidates']}*full)"
+  return values
 
 
 def _ints(text, name: str) -> tuple[int, ...]:
@@ -183,6 +214,19 @@ def _ffn(sd, prefix):
   return {"fc1": _linear(sd, f"{prefix}.fc1"), "fc2": _linear(sd, f"{prefix}.fc2")}
 
 
+def _shared_selector(sd, name: str, layers: str, num_layers: int):
+  """A head-selection stack's logits, which fairseq's state dict also lists under every
+  layer's attention (one shared module): the copies must be the same."""
+  logits = sd[name]
+  for i in range(num_layers):
+    copy = f"{layers}.{i}.self_attn.attn_head_selector.head_logits"
+    if copy in sd and not np.array_equal(sd[copy], logits):
+      raise FairseqImportError(f"{copy} differs from {name}; fairseq shares one selector")
+    if copy in sd:
+      sd[copy]                                   # marks it used
+  return logits
+
+
 def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> dict:
   """fairseq state dict (arrays) -> this model's params; every fairseq weight is used once."""
   sd = {k: np.asarray(v, np.float32) for k, v in state_dict.items() if not _IGNORED.match(k)}
@@ -206,6 +250,10 @@ def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> di
         "kernel": np.transpose(t[f"{prefix}.weight"], (2, 1, 0)),   # [out, in, k] -> [k, in, out]
         "bias": t[f"{prefix}.bias"]}
   encoder = {"subsample": subsample, "layer_norm": _layer_norm(t, "encoder.layer_norm")}
+  if config.encoder_candidates:
+    encoder["head_selector"] = {"logits": _shared_selector(
+        t, "encoder.attn_head_selector.head_logits", "encoder.transformer_layers",
+        config.encoder_layers)}
   for i in range(config.encoder_layers):
     p = f"encoder.transformer_layers.{i}"
     is_thesis = f"{p}.self_attn.wq.weight" in t
@@ -218,6 +266,10 @@ def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> di
   decoder = {"embed_tokens": {"embedding": t["decoder.embed_tokens.weight"]},
              "layer_norm": _layer_norm(t, "decoder.layer_norm"),
              "output_projection": {"kernel": t["decoder.output_projection.weight"].T}}
+  if config.decoder_candidates:
+    decoder["head_selector"] = {"logits": _shared_selector(
+        t, "decoder.self_attn_head_selector.head_logits", "decoder.layers",
+        config.decoder_layers)}
   for i in range(config.decoder_layers):
     p = f"decoder.layers.{i}"
     decoder[f"layers_{i}"] = {

@@ -17,7 +17,13 @@ samples). At inference the selection is deterministic, the top-H / per-group arg
 with weight 1; `noisy` inference reproduces the reference, which samples noise there too.
 
 Noise is drawn once per forward pass for every task, as in the reference; each example then
-takes its own task's selection, so a batch may mix tasks.
+takes its own task's selection, so a batch may mix tasks. A caller may feed the noise in
+instead (the variable `logistic` [tasks, layers, H'] of the `selection_noise` collection: how
+tests replay the reference's draws).
+
+`model.selection_subset_order="score"` puts the subset's heads in the order of their scores,
+highest first, as the reference's topk does (so its checkpoints import), instead of candidate
+order.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import jax.numpy as jnp
 
 STRATEGIES = ("subset", "group")
 INFERENCE_MODES = ("deterministic", "noisy")
+SUBSET_ORDERS = ("candidate", "score")
+NOISE_COLLECTION = "selection_noise"
 LOGIT_INIT_RANGE = (math.log(0.01), 0.0)
 
 
@@ -39,9 +47,11 @@ def init_logits(key, shape, dtype=jnp.float32):
   return jax.random.uniform(key, shape, dtype, low, high)
 
 
-def gumbel_sigmoid(logits, key, temperature):
-  """s = sigmoid((phi + G1 - G2) / tau), with G1 - G2 ~ Logistic(0, 1)."""
-  noise = jax.random.logistic(key, logits.shape, logits.dtype)
+def gumbel_sigmoid(logits, key, temperature, noise=None):
+  """s = sigmoid((phi + G1 - G2) / tau), with G1 - G2 ~ Logistic(0, 1) (drawn from `key`
+  unless `noise` is given)."""
+  if noise is None:
+    noise = jax.random.logistic(key, logits.shape, logits.dtype)
   return jax.nn.sigmoid((logits + noise) / temperature)
 
 
@@ -50,16 +60,16 @@ def straight_through(values):
   return 1.0 - jax.lax.stop_gradient(values) + values
 
 
-def select(scores, num_heads: int, strategy: str):
+def select(scores, num_heads: int, strategy: str, subset_order: str = "candidate"):
   """scores [..., H'] -> (indices [..., H] int32 into the candidates, chosen scores [..., H]).
 
-  subset: the H largest scores, in candidate order. group: for slot g the best of the
-  candidates {g, g+H, ...}.
+  subset: the H largest scores, in candidate order (or by score, highest first). group: for
+  slot g the best of the candidates {g, g+H, ...}.
   """
   candidates = scores.shape[-1]
   if strategy == "subset":
     _, top = jax.lax.top_k(scores, num_heads)
-    indices = jnp.sort(top, axis=-1)
+    indices = jnp.sort(top, axis=-1) if subset_order == "candidate" else top
   elif strategy == "group":
     grouped = scores.reshape(scores.shape[:-1] + (candidates // num_heads, num_heads))
     best = jnp.argmax(grouped, axis=-2)                          # [..., H]: row in the group
@@ -97,21 +107,25 @@ class HeadSelector(nn.Module):
   strategy: str = "group"
   inference: str = "deterministic"
   temperature: float = 5.0         # used when a call passes none (evaluation, decoding)
+  subset_order: str = "candidate"  # one of SUBSET_ORDERS
 
   @nn.compact
   def __call__(self, tasks, temperature=None, deterministic: bool = True):
     logits = self.param("logits", init_logits,
                         (self.num_tasks, self.num_layers, self.num_candidates))
     if deterministic and self.inference == "deterministic":
-      indices, _ = select(logits, self.num_heads, self.strategy)
+      indices, _ = select(logits, self.num_heads, self.strategy, self.subset_order)
       weights = jnp.ones(indices.shape, jnp.float32)
     else:
-      key = self.make_rng("dropout" if not deterministic else "selection")
       temperature = self.temperature if temperature is None else temperature
-      samples = gumbel_sigmoid(logits, key, temperature)          # [tasks, layers, H']
+      if self.has_variable(NOISE_COLLECTION, "logistic"):
+        key, noise = None, self.get_variable(NOISE_COLLECTION, "logistic")
+      else:
+        key, noise = self.make_rng("dropout" if not deterministic else "selection"), None
+      samples = gumbel_sigmoid(logits, key, temperature, noise)   # [tasks, layers, H']
       if not deterministic:
         self.sow("selection", "samples", samples)
-      indices, chosen = select(samples, self.num_heads, self.strategy)
+      indices, chosen = select(samples, self.num_heads, self.strategy, self.subset_order)
       weights = straight_through(chosen)
     tasks = jnp.clip(tasks, 0, self.num_tasks - 1)
     return indices[tasks], weights[tasks]                  # [batch, layers, H] each
@@ -125,7 +139,8 @@ def stack_task_modules(config, side: str):
   num_tasks = config.stack_num_tasks(side)
   selector = HeadSelector(num_tasks, layers, candidates, getattr(config, f"{side}_heads"),
                           config.selection_strategy, config.selection_inference,
-                          config.selection_temperature, name="head_selector") \
+                          config.selection_temperature, config.selection_subset_order,
+                          name="head_selector") \
       if candidates else None
   adapters = [TaskAdapter(num_tasks, config.d_model, config.adapter_dim,
                           config.compute_dtype, name=f"adapters_{i}")

@@ -20,7 +20,7 @@ from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.fused import IMPLEMENTATIONS
 from multiformer_jax.model.attention.kernel import REDRAW_POLICIES
-from multiformer_jax.model.head_selection import INFERENCE_MODES, STRATEGIES
+from multiformer_jax.model.head_selection import INFERENCE_MODES, STRATEGIES, SUBSET_ORDERS
 
 COMPUTE_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 SEMANTICS = ("exact", "thesis")
@@ -130,6 +130,10 @@ class ModelConfig:
       5.0, "Gumbel-sigmoid temperature (train.selection_temperature_* anneal it)")
   selection_inference: str = setting(
       "deterministic", "or 'noisy': the reference's sampling at inference")
+  selection_subset_order: str = setting(
+      "candidate", "the subset strategy's W_o slots: 'candidate' (the selected heads in "
+      "candidate order) | 'score' (by score, highest first: the reference's, so its "
+      "checkpoints import)")
   adapter_dim: int = setting(0, "per-task adapters after every layer (the paper's baseline); "
                              "0 = none")
   ctc_head: bool = derived(False, "a linear CTC projection of the encoder output (where the "
@@ -212,6 +216,9 @@ class ModelConfig:
     if self.selection_inference not in INFERENCE_MODES:
       raise ConfigError(f"model.selection_inference={self.selection_inference!r}; valid: "
                         f"{INFERENCE_MODES}")
+    if self.selection_subset_order not in SUBSET_ORDERS:
+      raise ConfigError(f"model.selection_subset_order={self.selection_subset_order!r}; valid: "
+                        f"{SUBSET_ORDERS}")
     if self.selection_temperature <= 0:
       raise ConfigError(f"model.selection_temperature={self.selection_temperature} must be > 0")
     if self.local_block_size < 0:
