@@ -7,6 +7,8 @@ stages, search) with only the encoder's head layout changed, one variant per lay
                                             features (head_dim 32), drawn once
     :conv     6x(4*conv(5,2))               thesis 4
     :mixed    the quickstart's layout       thesis v2 at half depth
+    :NAME_thesis  (local, kernel, conv, mixed) the same layout computed as the thesis's code
+                  computes it (model.semantics=thesis: docs/thesis_semantics.md)
 The locality paper's efficient model has no variant here: its per-layer windows come from
 Algorithm 1 on the `:full` run's contributions (`multiformer_jax.ablate`'s `windows(full)`
 entry, or `python -m multiformer_jax.analyze windows`, which writes its config).
@@ -51,14 +53,23 @@ def get_config(arg=None):
     config[stage].eval_every = updates      # one evaluation (and dev decode) at the end
   config.data.extra_test_splits = "tst-unseen-synth,tst-real"
   config.eval.beam = 5
-  return common.apply_arg(config, arg, {name: _layout(name) for name in LAYOUTS})
+  variants = {name: _layout(name) for name in LAYOUTS}
+  variants.update({f"{name}_thesis": _layout(name, thesis=True) for name in THESIS_DIFFERS})
+  return common.apply_arg(config, arg, variants)
 
 
-def _layout(name):
+# The layouts whose heads compute differently under model.semantics=thesis (full heads do not).
+THESIS_DIFFERS = ("local", "kernel", "conv", "mixed")
+
+
+def _layout(name, thesis=False):
   def variant(config):
-    config.name = f"layout_ablation_{name}"
+    config.name = f"layout_ablation_{name}{'_thesis' if thesis else ''}"
     config.model.encoder_layout = LAYOUTS[name]
+    if thesis:
+      config.model.semantics = "thesis"
     config.reported.bleu, config.reported.wer, config.reported.source = REPORTED[name]
     return config
-  variant.__doc__ = f"encoder layout {LAYOUTS[name]}"
+  variant.__doc__ = f"encoder layout {LAYOUTS[name]}" + (
+      " as the thesis's code computes it" if thesis else "")
   return variant
