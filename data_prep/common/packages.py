@@ -62,8 +62,21 @@ def fetch(package: str, cache_dir: str) -> str:
     unpacked = os.path.join(work, "unpacked")
     subprocess.run(["dpkg-deb", "-x", os.path.join(work, deb), unpacked], check=True,
                    capture_output=True)
-    os.replace(unpacked, root)
+    return move_into_place(unpacked, root)
   return root
+
+
+def move_into_place(staging: str, final: str) -> str:
+  """Renames the complete folder `staging` to `final` and returns `final`. If another process
+  put its own complete copy there first (two runs fetching one package at once), that copy is
+  kept and `staging` removed: a folder in the cache is only ever there whole."""
+  try:
+    os.replace(staging, final)
+  except OSError:
+    if not os.path.isdir(final):
+      raise
+    shutil.rmtree(staging, ignore_errors=True)
+  return final
 
 
 def fetch_all(packages, cache_dir: str) -> dict[str, str]:

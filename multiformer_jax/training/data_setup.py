@@ -8,6 +8,7 @@ import logging
 import os
 
 from data_prep import prepare
+from data_prep.common import locks
 from data_prep.embedded import build as embedded_build
 from data_prep.embedded import spec as embedded_spec
 from multiformer_jax.data import input_pipeline as ip
@@ -37,9 +38,13 @@ def ensure_prepared(config, log: logging.Logger):
                             f"data.root is empty: set --config.data.root to the corpus "
                             f"download directory, or run python -m data_prep.prepare")
   if specs:
-    log.info("building the embedded corpus in %s", d.root)
-  for spec in specs:
-    embedded_build.build(d.root, spec)
+    # One build at a time (ablate --jobs starts several runs at once): the others wait, then
+    # find the directions built.
+    os.makedirs(d.root, exist_ok=True)
+    with locks.DirectoryLock(d.root, "corpus build").acquire(wait=True, log=log):
+      log.info("building the embedded corpus in %s", d.root)
+      for spec in specs:
+        embedded_build.build(d.root, spec)
   extra = extra_test_splits(config)
   if specs:      # an embedded split a synthesizer that cannot be had here would speak: none
     built = set().union(*(embedded_build.effective_spec(s, lambda m: None).splits()

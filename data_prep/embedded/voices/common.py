@@ -13,6 +13,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import wave
 
 import numpy as np
@@ -96,10 +97,15 @@ def assembled_dir(cache_dir: str, name: str, names, assemble) -> str:
   key = hashlib.sha1(" ".join(names).encode()).hexdigest()[:8]
   path = os.path.join(cache_dir, f"{name}-{key}")
   if not os.path.isdir(path):
-    staging = path + ".tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    assemble(staging)
-    os.replace(staging, path)
+    os.makedirs(cache_dir, exist_ok=True)
+    # Each process its own staging folder: two runs assembling at once never share one.
+    staging = tempfile.mkdtemp(prefix=f"{name}-{key}.tmp", dir=cache_dir)
+    try:
+      os.rmdir(staging)                       # assemble() makes it
+      assemble(staging)
+      packages.move_into_place(staging, path)
+    finally:
+      shutil.rmtree(staging, ignore_errors=True)
   return path
 
 
