@@ -1,5 +1,6 @@
-"""Import of fairseq S2T checkpoints (the s2t_transformer family, and the thesis's
-s2t_multiformer family: thesis.py) into this model.
+"""Import of fairseq S2T checkpoints into this model: the s2t_transformer family, fairseq's
+head_selection_s2t_transformer (examples/attention_head_selection) and the thesis's
+s2t_multiformer family (thesis.py).
 
 fairseq's published MuST-C models can then be evaluated and analysed here. The mapping is
 pure numpy; a `.pt` file is read by safe_pickle.py (no torch, no code run from the file).
@@ -22,9 +23,9 @@ from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.multi import group_name
 from multiformer_jax.model.model_config import ModelConfig
 
+HEAD_SELECTION_ARCH = "head_selection_s2t_transformer"
 # Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
 # "BetterTransformer" fast path (in_proj_weight = cat(q, k, v), fc1_weight = fc1.weight, ...).
-HEAD_SELECTION_ARCH = "head_selection_s2t_transformer"
 _IGNORED = re.compile(r".*(_float_tensor|version|\.(in_proj|out_proj|fc1|fc2)_(weight|bias))$")
 
 
@@ -39,7 +40,7 @@ def _arg(args: Mapping[str, Any], name: str, default):
 
 def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, np.ndarray],
                               **overrides) -> ModelConfig:
-  """The ModelConfig of a fairseq s2t_transformer from its model args and weights."""
+  """The ModelConfig of a fairseq checkpoint from its model args and weights."""
   arch = str(args.get("arch", "s2t_transformer"))
   if not arch.startswith(("s2t_transformer", HEAD_SELECTION_ARCH)) and \
       arch not in thesis.THESIS_ARCHS:
