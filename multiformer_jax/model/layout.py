@@ -244,7 +244,8 @@ def _make_kind(name: str, args: list, error) -> HeadKind:
     if window < 1 or window % 2 == 0:
       raise error(f"local window must be an odd number >= 1 (exact centred window "
                   f"|i-j| <= w//2), got {window}; use {max(1, window - 1)} or {window + 1} (the "
-                  f"thesis's Local(64), 32 tokens on each side, is local(65))")
+                  f"thesis's Local(64), 32 tokens on each side, is local(65); its code's "
+                  f"blocked window is local({window},thesis))")
     if dilation < 1:
       raise error(f"local dilation must be >= 1, got {dilation}")
     return LocalHeads(window, dilation)
