@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.model.attention.conv import conv_padding
 
 
 def conv_value_taps(conv_type: str, params):
@@ -73,8 +74,8 @@ def attention_taps(attn, ln_x, mask):
     if isinstance(group.kind, layout_lib.ConvHeads):
       kind = group.kind
       taps, conv_bias = conv_value_taps(kind.conv_type, module.conv_v.variables["params"])
-      pad = kind.stride // 2 if kind.thesis else kind.kernel // 2
-      selection = conv_selection(length, group_weights.shape[-1], kind.kernel, kind.stride, pad)
+      selection = conv_selection(length, group_weights.shape[-1], kind.kernel, kind.stride,
+                                 conv_padding(kind.kernel, kind.stride, kind.thesis))
       if not kind.thesis:                                    # the conv sees zeroed padding
         v_h = v_h * mask[:, :, None, None]
       b_taps = jnp.einsum("bgim,tmj->bgtij", group_weights, selection)

@@ -24,6 +24,9 @@ from multiformer_jax.model.attention.multi import group_name
 from multiformer_jax.model.model_config import ModelConfig
 
 HEAD_SELECTION_ARCH = "head_selection_s2t_transformer"
+# Where its state dict keeps each stack's selection logits.
+SELECTOR_LOGITS = {"encoder": "encoder.attn_head_selector.head_logits",
+                   "decoder": "decoder.self_attn_head_selector.head_logits"}
 # Buffers, and the fused copies fairseq 0.12 keeps beside each encoder layer's weights for its
 # "BetterTransformer" fast path (in_proj_weight = cat(q, k, v), fc1_weight = fc1.weight, ...).
 _IGNORED = re.compile(r".*(_float_tensor|version|\.(in_proj|out_proj|fc1|fc2)_(weight|bias))$")
@@ -50,7 +53,7 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
         f"the thesis's s2t_multiformer family ({', '.join(thesis.THESIS_ARCHS)})")
   heads = int(_arg(args, "encoder_attention_heads", 4))
   encoder_layers = int(_arg(args, "encoder_layers", 12))
-  kernels = tuple(int(k) for k in str(_arg(args, "conv_kernel_sizes", "5,5")).split(","))
+  kernels = _ints(_arg(args, "conv_kernel_sizes", "5,5"), "conv-kernel-sizes")
   strides = (2,) * len(kernels)
   layout = f"{encoder_layers}x({heads}*full)"
   thesis_values = {}
@@ -58,8 +61,8 @@ def model_config_from_fairseq(args: Mapping[str, Any], state_dict: Mapping[str, 
     layers, kernels, strides = _thesis_encoder(args, state_dict)
     encoder_layers, heads = len(layers), sum(g.num_heads for g in layers[0])
     layout = layout_lib.format_layout(layers)
-    thesis_values = dict(semantics="thesis", qkv_bias=False, attention_init="pytorch",
-                         subsampler_masks_padding=False)
+    # Also sets qkv_bias, attention_init and subsampler_masks_padding (THESIS_SETTINGS).
+    thesis_values = {"semantics": "thesis"}
   values = dict(
       vocab_size=int(state_dict["decoder.embed_tokens.weight"].shape[0]),
       input_dim=int(_arg(args, "input_feat_per_channel", 80)) *
@@ -109,8 +112,7 @@ def _head_selection_values(args, state_dict, encoder_layers: int, heads: int) ->
                              "total_decoder_attention_heads")):
     if not _arg(args, flag, False):
       continue
-    logits = state_dict.get(f"{side}.{'attn' if side == 'encoder' else 'self_attn'}"
-                            f"_head_selector.head_logits")
+    logits = state_dict.get(SELECTOR_LOGITS[side])
     if logits is None:
       raise FairseqImportError(f"--{flag.replace('_', '-')} but no {side} head_logits in the "
                                f"checkpoint")
@@ -221,10 +223,9 @@ def _shared_selector(sd, name: str, layers: str, num_layers: int):
   logits = sd[name]
   for i in range(num_layers):
     copy = f"{layers}.{i}.self_attn.attn_head_selector.head_logits"
+    # Reading the copy (sd[copy]) also marks it used.
     if copy in sd and not np.array_equal(sd[copy], logits):
       raise FairseqImportError(f"{copy} differs from {name}; fairseq shares one selector")
-    if copy in sd:
-      sd[copy]                                   # marks it used
   return logits
 
 
@@ -247,13 +248,11 @@ def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> di
   subsample = {}
   for i in range(len(config.conv_kernels)):
     prefix = f"encoder.subsample.conv_layers.{i}"
-    subsample[f"conv_layers_{i}"] = {
-        "kernel": np.transpose(t[f"{prefix}.weight"], (2, 1, 0)),   # [out, in, k] -> [k, in, out]
-        "bias": t[f"{prefix}.bias"]}
+    subsample[f"conv_layers_{i}"] = _conv(t, prefix)
   encoder = {"subsample": subsample, "layer_norm": _layer_norm(t, "encoder.layer_norm")}
   if config.encoder_candidates:
     encoder["head_selector"] = {"logits": _shared_selector(
-        t, "encoder.attn_head_selector.head_logits", "encoder.transformer_layers",
+        t, SELECTOR_LOGITS["encoder"], "encoder.transformer_layers",
         config.encoder_layers)}
   for i in range(config.encoder_layers):
     p = f"encoder.transformer_layers.{i}"
@@ -269,7 +268,7 @@ def convert_state_dict(state_dict: Mapping[str, Any], config: ModelConfig) -> di
              "output_projection": {"kernel": t["decoder.output_projection.weight"].T}}
   if config.decoder_candidates:
     decoder["head_selector"] = {"logits": _shared_selector(
-        t, "decoder.self_attn_head_selector.head_logits", "decoder.layers",
+        t, SELECTOR_LOGITS["decoder"], "decoder.layers",
         config.decoder_layers)}
   for i in range(config.decoder_layers):
     p = f"decoder.layers.{i}"

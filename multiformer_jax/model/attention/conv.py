@@ -84,10 +84,15 @@ class TimeCompression(nn.Module):
     return x
 
 
-def compressed_key_mask(key_mask, kernel: int, stride: int, compressed_len: int, pad: int = -1):
-  """[batch, time] prefix mask -> [batch, compressed_len] mask of compressed keys (pad -1:
-  kernel // 2; a length <= 0 masks every key)."""
-  pad = kernel // 2 if pad < 0 else pad
+def conv_padding(kernel: int, stride: int, thesis: bool = False) -> int:
+  """The zeros a conv head's K/V conv adds on each side: kernel // 2, or the thesis code's
+  stride // 2."""
+  return stride // 2 if thesis else kernel // 2
+
+
+def compressed_key_mask(key_mask, kernel: int, stride: int, compressed_len: int, pad: int):
+  """[batch, time] prefix mask -> [batch, compressed_len] mask of compressed keys (a length
+  <= 0 masks every key)."""
   lengths = conv_output_lengths(jnp.sum(key_mask, axis=1), kernel, stride, pad)
   return lengths_to_mask(lengths, compressed_len)
 
@@ -107,9 +112,9 @@ class ConvAttention(nn.Module):
   thesis: bool = False         # the thesis code's padding and mask (module docstring)
 
   def setup(self):
-    pad = self.stride // 2 if self.thesis else -1
-    self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type, pad)
-    self.conv_v = TimeCompression(self.kernel, self.stride, self.conv_type, pad)
+    self.pad = conv_padding(self.kernel, self.stride, self.thesis)
+    self.conv_k = TimeCompression(self.kernel, self.stride, self.conv_type, self.pad)
+    self.conv_v = TimeCompression(self.kernel, self.stride, self.conv_type, self.pad)
     self.dropout = Dropout(self.attention_dropout)
 
   def compress(self, compression: TimeCompression, x, key_mask):
@@ -126,8 +131,7 @@ class ConvAttention(nn.Module):
     return jnp.swapaxes(x, 1, 2)
 
   def compressed_mask(self, key_mask, compressed_len: int):
-    return compressed_key_mask(key_mask, self.kernel, self.stride, compressed_len,
-                               self.stride // 2 if self.thesis else -1)
+    return compressed_key_mask(key_mask, self.kernel, self.stride, compressed_len, self.pad)
 
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     k_c = self.compress(self.conv_k, k, key_mask)
