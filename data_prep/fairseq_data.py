@@ -8,6 +8,10 @@ the data root:
   config_{asr,st}.yaml           vocab_filename, bpe_tokenizer.sentencepiece_model, transforms
   spm_unigram*_{asr,st}.model    + the .txt dictionary: fairseq's ids are <s> <pad> </s> <unk>
                                  and then the .txt's lines in order
+A multilingual or multi-domain root of fairseq's examples/attention_head_selection has one
+manifest per subset instead, {split}_{src}_{tgt}_{domain}.tsv (train_de_de_tedx.tsv): its
+split is the union of its subsets, and each row's source_lang, target_lang and domain are its
+file name's, as that task reads them (src == tgt: a transcript, an ASR row).
 
 `write_index` turns the TSVs into this project's index (`index/{split}.npz`, `prepared.json`,
 `prep_report.json`) and copies nothing else: the features are read from the zip by each row's
@@ -68,17 +72,36 @@ def tsv_rows(path: str):
                               lineterminator="\n", quoting=csv.QUOTE_NONE)
 
 
+# fairseq's head-selection subsets: `split_src_tgt_domain`, four fields split on "_".
+SUBSET = re.compile(r"([^_]+)_([^_]+)_([^_]+)_([^_]+)\.tsv")
+
+
+def subset_manifests(root: str) -> dict[str, list[tuple[str, tuple[str, str, str]]]]:
+  """{split: [(manifest path, (src, tgt, domain))]} of a head-selection root, subsets sorted;
+  {} for a root with {split}_{asr,st}.tsv manifests (those come first)."""
+  names = sorted(os.listdir(root))
+  if any(re.fullmatch(r"(.+)_(asr|st)\.tsv", name) for name in names):
+    return {}
+  subsets = collections.defaultdict(list)
+  for name in names:
+    match = SUBSET.fullmatch(name)
+    if match:
+      subsets[match.group(1)].append((os.path.join(root, name), match.groups()[1:]))
+  return dict(subsets)
+
+
 def find_splits(root: str) -> list[str]:
   """The splits with a manifest in `root`, the training split first."""
-  found = set()
+  found = set(subset_manifests(root))
   for name in os.listdir(root):
     match = re.fullmatch(r"(.+)_(asr|st)\.tsv", name)
     if match:
       found.add(match.group(1))
   if not found:
     raise FairseqDataError(f"{root} has no fairseq manifest ({{split}}_asr.tsv or "
-                           f"{{split}}_st.tsv): is it the directory fairseq's prep script "
-                           f"wrote (e.g. MUSTC_ROOT/en-de)?")
+                           f"{{split}}_st.tsv, or head selection's {{split}}_SRC_TGT_DOMAIN.tsv): "
+                           f"is it the directory fairseq's prep script wrote (e.g. "
+                           f"MUSTC_ROOT/en-de)?")
   rank = {s: i for i, s in enumerate(SPLIT_ORDER)}
   return sorted(found, key=lambda s: (rank.get(s, len(rank)), s))
 
@@ -182,10 +205,14 @@ def default_pair(root: str) -> tuple[str, str] | None:
 FLUSH_ROWS = 20000     # index rows converted to arrays at a time
 
 
-def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[str],
-                zip_sizes: dict[str, int]):
-  """-> (index columns of the usable rows, report) of one split: the ST manifest's rows with
-  the ASR manifest's transcripts (an ASR-only root: the transcripts as X-X pairs)."""
+def _manifests(root: str, split: str, pair: tuple[str, str] | None):
+  """-> [(manifest path, its columns, "st" | "asr", {id: transcript}, (src, tgt, domain) or
+  None)] of one split: its ST (else ASR) manifest with the ASR manifest's transcripts, or each
+  of its head-selection subsets with the languages and domain of its name."""
+  subsets = subset_manifests(root).get(split)
+  if subsets:
+    return [(path, tsv_columns(path), "asr" if tags[0] == tags[1] else "st", {}, tags)
+            for path, tags in subsets]
   manifests = {}
   for task in TASKS:
     path = os.path.join(root, f"{split}_{task}.tsv")
@@ -200,6 +227,15 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
     raise FairseqDataError(f"{lead_path}: no src_lang / tgt_lang columns and the root's name "
                            f"{os.path.basename(os.path.normpath(root))!r} is not a pair like "
                            f"en-de: pass the pair (--pairs en-de)")
+  return [(lead_path, lead_columns, lead, transcripts, None)]
+
+
+def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[str],
+                zip_sizes: dict[str, int]):
+  """-> (index columns of the usable rows, report) of one split: the ST manifest's rows with
+  the ASR manifest's transcripts (an ASR-only root: the transcripts as X-X pairs), or the rows
+  of every head-selection subset of the split."""
+  manifests = _manifests(root, split, pair)
   skipped, examples = collections.Counter(), collections.defaultdict(list)
   columns = collections.defaultdict(list)
   rows = index_io.ColumnsBuilder()      # the columns as arrays, FLUSH_ROWS rows at a time
@@ -218,71 +254,76 @@ def _split_rows(root: str, split: str, pair: tuple[str, str] | None, zips: list[
       examples[reason].append(row_id)
 
   segments = 0
-  for row in tsv_rows(lead_path):
-    segments += 1
-    row_id = row["id"]
-    audio = parse_audio(row["audio"] or "")
-    if audio is None:
-      skip(row_id, "audio is not ZIP:OFFSET:LENGTH")
-      continue
-    zip_path = os.path.abspath(os.path.join(root, audio[0]))
-    if zip_path not in zip_sizes:
-      if not os.path.isfile(zip_path):
-        raise FairseqDataError(f"{lead_path}: row {row_id} names {audio[0]}, which is not in "
-                               f"{root} (the features fairseq's prep script zipped)")
-      zip_sizes[zip_path] = os.path.getsize(zip_path)
-      zips.append(zip_path)
-    if audio[1] + audio[2] > zip_sizes[zip_path]:
-      skip(row_id, "offset past the end of the zip")
-      continue
-    try:
-      n_frames = int(row["n_frames"])
-    except (TypeError, ValueError):
-      n_frames = 0
-    if n_frames < 1:
-      skip(row_id, "n_frames is not a positive integer")
-      continue
-    target = (row["tgt_text"] or "").strip()
-    if lead == "st":
-      source = (transcripts.get(row_id) if transcripts else row.get("src_text")) or ""
-      if transcripts and row_id not in transcripts:
-        skip(row_id, f"no transcript in {split}_asr.tsv")
+  for lead_path, lead_columns, lead, transcripts, tags in manifests:
+    for row in tsv_rows(lead_path):
+      segments += 1
+      row_id = row["id"]
+      audio = parse_audio(row["audio"] or "")
+      if audio is None:
+        skip(row_id, "audio is not ZIP:OFFSET:LENGTH")
         continue
-    else:
-      source = target
-    source = source.strip()
-    has_source = lead == "asr" or bool(transcripts) or "src_text" in lead_columns
-    if not target or (has_source and not source):
-      skip(row_id, "empty text")
-      continue
-    src_lang = row.get("src_lang") or (pair[0] if pair else "")
-    tgt_lang = row.get("tgt_lang") or (pair[1] if pair else "")
-    if lead == "asr":
-      tgt_lang = src_lang
-    columns["id"].append(row_id)
-    columns["n_frames"].append(n_frames)
-    columns["talk"].append(row_id.rsplit("_", 1)[0])
-    columns["speaker"].append(row.get("speaker") or "")
-    columns["source_text"].append(source)
-    columns["target_text"].append(target)
-    columns["source_lang"].append(src_lang)
-    columns["target_lang"].append(tgt_lang)
-    columns["domain"].append("fairseq")
-    columns["audio_file"].append(zips.index(zip_path))
-    columns["audio_offset"].append(audio[1])
-    columns["audio_length"].append(audio[2])
-    if rows.first is None:
-      rows.first = {"id": row_id, "audio_file": zips.index(zip_path), "audio_offset": audio[1],
-                    "audio_length": audio[2]}
-    rows.pairs.add(f"{src_lang}-{tgt_lang}")
-    kept += 1
-    if len(columns["id"]) == FLUSH_ROWS:
-      flush()
+      zip_path = os.path.abspath(os.path.join(root, audio[0]))
+      if zip_path not in zip_sizes:
+        if not os.path.isfile(zip_path):
+          raise FairseqDataError(f"{lead_path}: row {row_id} names {audio[0]}, which is not "
+                                 f"in {root} (the features fairseq's prep script zipped)")
+        zip_sizes[zip_path] = os.path.getsize(zip_path)
+        zips.append(zip_path)
+      if audio[1] + audio[2] > zip_sizes[zip_path]:
+        skip(row_id, "offset past the end of the zip")
+        continue
+      try:
+        n_frames = int(row["n_frames"])
+      except (TypeError, ValueError):
+        n_frames = 0
+      if n_frames < 1:
+        skip(row_id, "n_frames is not a positive integer")
+        continue
+      target = (row["tgt_text"] or "").strip()
+      if lead == "st":
+        source = (transcripts.get(row_id) if transcripts else row.get("src_text")) or ""
+        if transcripts and row_id not in transcripts:
+          skip(row_id, f"no transcript in {split}_asr.tsv")
+          continue
+      else:
+        source = target
+      source = source.strip()
+      has_source = lead == "asr" or bool(transcripts) or "src_text" in lead_columns
+      if not target or (has_source and not source):
+        skip(row_id, "empty text")
+        continue
+      if tags:
+        src_lang, tgt_lang, domain = tags
+      else:
+        src_lang = row.get("src_lang") or (pair[0] if pair else "")
+        tgt_lang = row.get("tgt_lang") or (pair[1] if pair else "")
+        domain = "fairseq"
+      if lead == "asr":
+        tgt_lang = src_lang
+      columns["id"].append(row_id)
+      columns["n_frames"].append(n_frames)
+      columns["talk"].append(row_id.rsplit("_", 1)[0])
+      columns["speaker"].append(row.get("speaker") or "")
+      columns["source_text"].append(source)
+      columns["target_text"].append(target)
+      columns["source_lang"].append(src_lang)
+      columns["target_lang"].append(tgt_lang)
+      columns["domain"].append(domain)
+      columns["audio_file"].append(zips.index(zip_path))
+      columns["audio_offset"].append(audio[1])
+      columns["audio_length"].append(audio[2])
+      if rows.first is None:
+        rows.first = {"id": row_id, "audio_file": zips.index(zip_path),
+                      "audio_offset": audio[1], "audio_length": audio[2]}
+      rows.pairs.add(f"{src_lang}-{tgt_lang}")
+      kept += 1
+      if len(columns["id"]) == FLUSH_ROWS:
+        flush()
   if columns:
     flush()
   report = {"segments": segments, "kept": kept, "skipped": dict(skipped),
             "skipped_examples": dict(examples), "repaired_talks": {},
-            "manifests": [os.path.basename(m[0]) for m in manifests.values()]}
+            "manifests": [os.path.basename(m[0]) for m in manifests]}
   return rows, report
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from multiformer_jax import build_model, init_params
 from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
+                                                       head_selection_tasks,
                                                        model_config_from_fairseq)
 from multiformer_jax.model import head_selection
 from multiformer_jax.training.loss import label_smoothed_nll
@@ -119,3 +120,22 @@ def test_what_is_not_implemented_is_refused(fixture):
   state = {k: v for k, v in state.items() if "attn_head_selector" not in k}
   with pytest.raises(FairseqImportError, match="no encoder head_logits"):
     model_config_from_fairseq(args, state)
+  with pytest.raises(FairseqImportError, match="--task-type 'speaker'; .* lang, domain"):
+    model_config_from_fairseq({**args, "task_type": "speaker"}, state)
+
+
+def test_task_ids_are_numbered_as_the_reference_task_numbers_them(fixture):
+  """speech_to_text_head_selection.map_task_to_id: sorted languages (lang) or domains of the
+  train_SRC_TGT_DOMAIN subsets; each stack keyed by the tag this model reads them from."""
+  _, state, args = fixture
+  subsets = "train_es_es_tedx,train_de_de_cv,train_es_es_ep,train_de_de_tedx"
+  by_domain = {**args, "task_type": "domain", "train_subset": subsets}
+  assert head_selection_tasks(by_domain) == {"encoder": ("cv", "ep", "tedx"),
+                                             "decoder": ("cv", "ep", "tedx")}
+  config = model_config_from_fairseq(by_domain, state)
+  assert (config.encoder_task_tag, config.decoder_task_tag) == ("domain", "domain")
+  assert head_selection_tasks({**args, "train_subset": subsets}) == {
+      "encoder": ("de", "es"), "decoder": ("de", "es")}          # task_type lang, the default
+  assert head_selection_tasks(args) is None                     # subsets not recorded
+  with pytest.raises(FairseqImportError, match="'train_en_de' is not split_src_tgt_domain"):
+    head_selection_tasks({**args, "train_subset": "train_en_de"})

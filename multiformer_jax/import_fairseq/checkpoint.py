@@ -24,6 +24,11 @@ from multiformer_jax.model.attention.multi import group_name
 from multiformer_jax.model.model_config import ModelConfig
 
 HEAD_SELECTION_ARCH = "head_selection_s2t_transformer"
+# What a task is, by its --task-type (speech_to_text_head_selection: each stack's task ids are
+# the sorted source / target languages, or the sorted domains, of the training subsets'
+# names): this model's task tag of each stack.
+HEAD_SELECTION_TASK_TAGS = {"lang": {"encoder": "source_lang", "decoder": "target_lang"},
+                            "domain": {"encoder": "domain", "decoder": "domain"}}
 # Where its state dict keeps each stack's selection logits.
 SELECTOR_LOGITS = {"encoder": "encoder.attn_head_selector.head_logits",
                    "decoder": "decoder.self_attn_head_selector.head_logits"}
@@ -106,6 +111,10 @@ def _head_selection_values(args, state_dict, encoder_layers: int, heads: int) ->
                              "self-attention are)")
   values = {"selection_strategy": str(_arg(args, "attn_head_select_strategy", "group")),
             "selection_subset_order": "score"}
+  task_type = str(_arg(args, "task_type", "lang"))
+  if task_type not in HEAD_SELECTION_TASK_TAGS:
+    raise FairseqImportError(f"--task-type {task_type!r}; speech_to_text_head_selection's are "
+                             f"{', '.join(HEAD_SELECTION_TASK_TAGS)}")
   for side, flag, total in (("encoder", "encoder_attn_head_select",
                              "total_encoder_attention_heads"),
                             ("decoder", "decoder_self_attn_head_select",
@@ -118,6 +127,7 @@ def _head_selection_values(args, state_dict, encoder_layers: int, heads: int) ->
                                f"checkpoint")
     values[f"{side}_candidates"] = int(_arg(args, total, 8))
     values[f"{side}_num_tasks"] = int(logits.shape[0])
+    values[f"{side}_task_tag"] = HEAD_SELECTION_TASK_TAGS[task_type][side]
   values["num_tasks"] = max(values.get("encoder_num_tasks", 1), values.get("decoder_num_tasks", 1))
   if "encoder_candidates" in values:
     values["encoder_layout"] = f"{encoder_layers}x({values['encoder_candidates']}*full)"
@@ -308,10 +318,11 @@ def fairseq_model_args(checkpoint: Mapping[str, Any], path: str) -> dict:
                            f"cannot tell its architecture")
 
 
-def load_fairseq_checkpoint(path: str, trust_pickle: bool = False, **overrides):
-  """Reads a fairseq `.pt` checkpoint -> (ModelConfig, params, the update count or 0): built
-  from what fairseq checkpoints hold only, refusing anything else (safe_pickle.py; no torch
-  needed); with `trust_pickle`, fully unpickled by torch, running whatever code it names."""
+def read_fairseq_checkpoint(path: str, trust_pickle: bool = False):
+  """Reads a fairseq `.pt` checkpoint -> (model args, state dict of arrays, the update count
+  or 0): built from what fairseq checkpoints hold only, refusing anything else
+  (safe_pickle.py; no torch needed); with `trust_pickle`, fully unpickled by torch, running
+  whatever code it names."""
   checkpoint = safe_pickle.load_unsafe(path) if trust_pickle else safe_pickle.load(path)
   if not isinstance(checkpoint, dict) or "model" not in checkpoint:
     raise FairseqImportError(f"{path} has no 'model' weights; it holds "
@@ -320,7 +331,35 @@ def load_fairseq_checkpoint(path: str, trust_pickle: bool = False, **overrides):
   checkpoint = {k: safe_pickle.plain(checkpoint.get(k))
                 for k in ("cfg", "args", "optimizer_history")}
   args = fairseq_model_args(checkpoint, path)
-  config = model_config_from_fairseq(args, state_dict, **overrides)
   history = checkpoint.get("optimizer_history") or [{}]
   updates = int(history[-1].get("num_updates", 0) or 0) if isinstance(history[-1], dict) else 0
+  return args, state_dict, updates
+
+
+def load_fairseq_checkpoint(path: str, trust_pickle: bool = False, **overrides):
+  """Reads a fairseq `.pt` checkpoint (read_fairseq_checkpoint) -> (ModelConfig, params, the
+  update count or 0)."""
+  args, state_dict, updates = read_fairseq_checkpoint(path, trust_pickle)
+  config = model_config_from_fairseq(args, state_dict, **overrides)
   return config, convert_state_dict(state_dict, config), updates
+
+
+def head_selection_tasks(args: Mapping[str, Any]) -> dict[str, tuple[str, ...]] | None:
+  """{'encoder' | 'decoder': task names in id order} of a head-selection checkpoint whose args
+  name its training subsets (--train-subset train_SRC_TGT_DOMAIN,...), as
+  speech_to_text_head_selection numbers them; None when they are not recorded."""
+  subsets = args.get("train_subset")
+  if not str(args.get("arch", "")).startswith(HEAD_SELECTION_ARCH) or not subsets:
+    return None
+  fields = []
+  for subset in str(subsets).split(","):
+    parts = subset.strip().split("_")
+    if len(parts) != 4:
+      raise FairseqImportError(f"--train-subset {subset!r} is not split_src_tgt_domain, the "
+                               f"form speech_to_text_head_selection reads task ids from")
+    fields.append(parts[1:])
+  by_tag = {"source_lang": sorted({f[0] for f in fields}),
+            "target_lang": sorted({f[1] for f in fields}),
+            "domain": sorted({f[2] for f in fields})}
+  tags = HEAD_SELECTION_TASK_TAGS[str(_arg(args, "task_type", "lang"))]
+  return {side: tuple(by_tag[tag]) for side, tag in tags.items()}

@@ -31,10 +31,11 @@ from data_prep import fairseq_data, vocab
 from data_prep.common import atomic, cli_errors
 from multiformer_jax.model import S2TModel
 from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
-                                                  load_fairseq_checkpoint,
-                                                  model_config_from_fairseq)
+                                                  head_selection_tasks,
+                                                  model_config_from_fairseq,
+                                                  read_fairseq_checkpoint)
 from multiformer_jax.model.model_config import ModelConfig
-from multiformer_jax.experiment import model_config_for
+from multiformer_jax.experiment import model_config_for, task_keys
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import optimizer, steps
@@ -45,9 +46,9 @@ SIZED_BY_DATA = ("vocab_size", "ctc_head", "ctc_vocab_size", "encoder_num_tasks"
                  "decoder_num_tasks")
 
 
-def load_checkpoint(path: str, trust_pickle: bool = False) -> tuple[ModelConfig, dict, int]:
-  """-> (model config, params, the checkpoint's update count or 0). A `.pt` is read without
-  running code from it unless `trust_pickle` (checkpoint.load_fairseq_checkpoint)."""
+def read_checkpoint(path: str, trust_pickle: bool = False) -> tuple[dict, dict, int]:
+  """-> (model args, state dict of arrays, the checkpoint's update count or 0). A `.pt` is
+  read without running code from it unless `trust_pickle` (checkpoint.read_fairseq_checkpoint)."""
   if not os.path.isfile(path):
     raise FileNotFoundError(f"fairseq checkpoint {path} not found")
   if path.endswith(".npz"):
@@ -57,9 +58,15 @@ def load_checkpoint(path: str, trust_pickle: bool = False) -> tuple[ModelConfig,
                                f"(JSON); it has no 'args'")
     args = json.loads(str(arrays["args"]))
     state = {k[3:]: arrays[k] for k in arrays.files if k.startswith("sd/")}
-    config = model_config_from_fairseq(args, state)
-    return config, convert_state_dict(state, config), int(args.get("num_updates", 0) or 0)
-  return load_fairseq_checkpoint(path, trust_pickle)
+    return args, state, int(args.get("num_updates", 0) or 0)
+  return read_fairseq_checkpoint(path, trust_pickle)
+
+
+def load_checkpoint(path: str, trust_pickle: bool = False) -> tuple[ModelConfig, dict, int]:
+  """-> (model config, params, the checkpoint's update count or 0)."""
+  args, state, updates = read_checkpoint(path, trust_pickle)
+  config = model_config_from_fairseq(args, state)
+  return config, convert_state_dict(state, config), updates
 
 
 def _splits(available: list[str]) -> tuple[str, str, str]:
@@ -104,14 +111,16 @@ def import_run(checkpoint: str, data: str, stage: str, out: str,
     raise ValueError(f"--stage {stage!r}; valid: asr, st")
   if os.path.exists(os.path.join(out, stage, "checkpoints")):
     raise FileExistsError(f"{out} already holds a {stage} stage: choose another --out")
-  model, params, updates = load_checkpoint(checkpoint, trust_pickle)
+  args, state, updates = read_checkpoint(checkpoint, trust_pickle)
+  model = model_config_from_fairseq(args, state)
+  params = convert_state_dict(state, model)
   prepared_dir = os.path.abspath(prepared_dir or os.path.join(out, "prepared"))
   yaml_path = os.path.join(data, config_yaml or f"config_{stage}.yaml")
   made = [path for path in (out, prepared_dir) if not os.path.exists(path)]
   try:
     summary = fairseq_data.write_index(data, prepared_dir, yaml_paths={stage: yaml_path})
     return _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_path,
-                      stage, out)
+                      stage, out, head_selection_tasks(args))
   except Exception:
     for path in made:        # nothing half-written: what this import created goes
       shutil.rmtree(path, ignore_errors=True)
@@ -119,7 +128,7 @@ def import_run(checkpoint: str, data: str, stage: str, out: str,
 
 
 def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_path, stage,
-               out) -> dict:
+               out, trained_tasks=None) -> dict:
   if stage not in summary["vocab"]:
     raise fairseq_data.FairseqDataError(f"{summary['root']}: no {yaml_path} for the {stage} "
                                         f"stage")
@@ -136,7 +145,9 @@ def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_p
   name = f"fairseq_{os.path.splitext(os.path.basename(checkpoint))[0]}"
   config = run_config(model, summary, prepared_dir, stage, name)
 
-  rebuilt = model_config_for(config, dictionary.size, None, stage)
+  tasks = task_keys(config, stage)
+  _check_tasks(model, tasks, trained_tasks, summary)
+  rebuilt = model_config_for(config, dictionary.size, tasks, stage)
   if rebuilt != model:
     differ = {k: (v, getattr(rebuilt, k)) for k, v in model.to_dict().items()
               if getattr(rebuilt, k) != v}
@@ -162,6 +173,26 @@ def _write_run(checkpoint, model, params, updates, summary, prepared_dir, yaml_p
   atomic.write_json(os.path.join(out, stage, DONE), done, indent=1)
   return {"config": config, "step": step, "prepared_dir": prepared_dir,
           "vocab_size": dictionary.size}
+
+
+def _check_tasks(model: ModelConfig, tasks, trained_tasks, summary):
+  """A head-selection model's task ids must mean in the data what they meant in training: the
+  data's training split has the languages (or domains) of the checkpoint's training subsets,
+  the same count when the checkpoint does not name them."""
+  for side, key in (tasks or {}).items():
+    selecting = getattr(model, f"{side}_candidates")
+    count = getattr(model, f"{side}_num_tasks") or model.num_tasks
+    if not selecting:
+      continue
+    names = tuple(str(name) for name in key.names)
+    expected = (trained_tasks or {}).get(side)
+    if (expected is not None and names != expected) or len(names) != count:
+      trained = f"{list(expected)}" if expected is not None else f"{count} tasks"
+      raise FairseqImportError(
+          f"the checkpoint's {side} selects heads for {trained} ({key.field} of its training "
+          f"subsets, in id order) but the data root's training split "
+          f"({summary['root']}) has {key.field} {list(names)}: import with the root it was "
+          f"trained on (its train_SRC_TGT_DOMAIN.tsv subsets)")
 
 
 def main(argv=None):
