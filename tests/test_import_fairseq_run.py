@@ -107,10 +107,12 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
   assert through_run == direct and len(direct) == 4 and scores["utterances"] == 4
 
   # The analyses read it like any run.
-  analyze.main(["heads", "--workdir", out, "--stage", "st", "--out", str(tmp_path / "heads"),
-                "--num_utterances", "3", "--batch_size", "2", "--checkpoint", "latest",
-                "--no_progress"])
-  assert os.listdir(tmp_path / "heads")
+  # The selection analysis reads it: the heads each task selects, from the imported logits.
+  analyze.main(["selection", "--workdir", out, "--stage", "st", "--out",
+                str(tmp_path / "selection"), "--checkpoint", "latest", "--no_progress"])
+  with open(tmp_path / "selection" / "st_encoder_selection.md", encoding="utf-8") as f:
+    table = f.read()
+  assert "| de | 1 |" in table and "| fr | 1 |" in table
   analyze.main(["contributions", "--workdir", out, "--stages", "st", "--out",
                 str(tmp_path / "contributions"), "--num_utterances", "3", "--batch_size", "2",
                 "--checkpoint", "latest", "--no_progress"])
@@ -209,6 +211,13 @@ def test_a_head_selection_checkpoint_imports_with_the_task_ids_it_trained_with(t
                                   progress=False)
   assert through_run == decode(("de", "fr"), ("en", "es")) and len(through_run) == 4
   assert through_run != decode(("fr", "de"), ("es", "en"))     # the ids decide the heads
+
+  # The selection analysis reads it: the heads each task selects, from the imported logits.
+  analyze.main(["selection", "--workdir", out, "--stage", "st", "--out",
+                str(tmp_path / "selection"), "--checkpoint", "latest", "--no_progress"])
+  with open(tmp_path / "selection" / "st_encoder_selection.md", encoding="utf-8") as f:
+    table = f.read()
+  assert "| de | 1 |" in table and "| fr | 1 |" in table
 
   # The checkpoint trained on other languages: its ids would mean other heads here.
   other = head_selection_checkpoint(tmp_path / "other.npz", task_type="lang",
