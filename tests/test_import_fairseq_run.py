@@ -107,12 +107,10 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
   assert through_run == direct and len(direct) == 4 and scores["utterances"] == 4
 
   # The analyses read it like any run.
-  # The selection analysis reads it: the heads each task selects, from the imported logits.
-  analyze.main(["selection", "--workdir", out, "--stage", "st", "--out",
-                str(tmp_path / "selection"), "--checkpoint", "latest", "--no_progress"])
-  with open(tmp_path / "selection" / "st_encoder_selection.md", encoding="utf-8") as f:
-    table = f.read()
-  assert "| de | 1 |" in table and "| fr | 1 |" in table
+  analyze.main(["heads", "--workdir", out, "--stage", "st", "--out", str(tmp_path / "heads"),
+                "--num_utterances", "3", "--batch_size", "2", "--checkpoint", "latest",
+                "--no_progress"])
+  assert os.listdir(tmp_path / "heads")
   analyze.main(["contributions", "--workdir", out, "--stages", "st", "--out",
                 str(tmp_path / "contributions"), "--num_utterances", "3", "--batch_size", "2",
                 "--checkpoint", "latest", "--no_progress"])
