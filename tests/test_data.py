@@ -275,6 +275,24 @@ def test_evaluation_sees_every_utterance_once(prepared):
   assert sorted(seen) == list(range(15))
 
 
+def test_evaluation_batches_are_as_few_as_at_full_size_and_balanced(prepared):
+  """Each row of an evaluation batch is a whole beam search: a bucket's batches are as many as
+  its full batch size makes, but as even as they go (none mostly padding rows)."""
+  _, out = prepared
+  config = ip.PipelineConfig(out, stage="st", max_frames=1200, num_buckets=2)
+  data = ip.SplitData(config, "dev")
+  batcher = ip.Batcher(data, False, 2, 0, 1)
+  for b, bucket in enumerate(batcher.buckets):
+    members = int((batcher.bucket_of == b).sum())
+    full = max(2, config.max_frames // bucket.frames // 2 * 2)
+    batches = [i for k, i in batcher.epoch_plan(0) if k == b]
+    assert len(batches) == -(-members // full) and bucket.batch_size % 2 == 0
+    assert sum(int((i >= 0).sum()) for i in batches) == members
+    # The smallest size (a multiple of the 2 devices) that needs no more batches.
+    smaller = bucket.batch_size - 2
+    assert smaller < 2 or -(-members // smaller) > len(batches), (members, bucket)
+
+
 def test_processes_take_disjoint_slices_of_each_global_batch(prepared):
   _, out = prepared
   config = ip.PipelineConfig(out, stage="st", max_frames=1200, num_buckets=4)

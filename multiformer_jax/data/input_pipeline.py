@@ -508,8 +508,12 @@ class Batcher:
       if not train:
         # Evaluation: the token lengths of this bucket and the shorter ones, so that a longer
         # bucket holds any mix of utterances up to it (the analyses batch chosen utterances so).
+        # Its batches balanced: as many as at the full size, none mostly padding rows (each row
+        # is a whole search).
         shorter = (frame_bucket <= b) & (frame_bucket >= 0)
         self.bucket_of[members] = len(self.buckets)
+        if members.size:
+          size = balanced(members.size, size, multiple)
         self.buckets.append(Bucket(int(frames), padded(token_lens[shorter]), size,
                                    0 if source_lens is None else padded(source_lens[shorter])))
         continue
