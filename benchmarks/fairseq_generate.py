@@ -29,7 +29,8 @@ Both decode with beam 5, lenpen 1, max length 0 * frames + `--max_len_b`, batche
 rounds and second in even ones. Reported per command: the whole command's wall time (start-up,
 model and data loading, JAX compilation included) and the decoding loop's (fairseq's own
 "Translated N sentences in Xs"; here evaluate's decode_s, which includes compiling the search
-programs), with sentences/s of each. The hypotheses are compared with fairseq's in each round,
+programs in the first round and loading them from the run's persistent compilation cache,
+emptied at the start, in the later ones), with sentences/s of each. The hypotheses are compared with fairseq's in each round,
 and once more with fairseq decoding one utterance per batch (fairseq's outputs depend on an
 utterance's batch-mates: its subsampler convolves their padding, which this toolkit re-zeroes).
 """
@@ -40,6 +41,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -191,6 +193,9 @@ def main():
   with config.unlocked():
     config.eval.max_len_a, config.eval.max_len_b = 0.0, args.max_len_b
     config.eval.batch_frames = BATCH_FRAMES
+    # A fresh persistent compilation cache: the first round compiles, the later ones load.
+    config.train.compilation_cache = os.path.join(args.work, "jax_cache")
+  shutil.rmtree(config.train.compilation_cache, ignore_errors=True)
   ckpt_lib.save_config(run, config)
 
   peak = matmul_peak()

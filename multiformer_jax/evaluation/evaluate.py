@@ -31,7 +31,7 @@ import numpy as np
 from data_prep.common import atomic, cli_errors
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.runtime import process_setup
+from multiformer_jax.runtime import compile_clock, process_setup
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.results import RESULTS, search_settings
 from multiformer_jax.evaluation.results import directory as results_directory
@@ -235,6 +235,7 @@ def main(argv=None):
                            "eval.rate_norm_target)")
   args = parser.parse_args(argv)
   config = ckpt_lib.load_config(args.workdir)
+  compile_clock.use_compilation_cache(config)       # before compiling, as run.py and translate
   with config.unlocked():
     if args.no_repeat_ngram_size is not None:
       config.eval.no_repeat_ngram_size = args.no_repeat_ngram_size
