@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from multiformer_jax.runtime import cluster
-from tests.test_reliability import _free_port, _run, _write_config
+from tests.test_reliability import _communicate, _free_port, _run, _write_config
 from tests.test_train import devices_flag
 
 
@@ -76,7 +76,7 @@ def test_two_processes_started_as_srun_starts_them_train_on_every_device(prepare
            "XLA_FLAGS": devices_flag(2)}
     processes.append(_run(config_file, str(tmp_path / "run"), env_update=env,
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-  logs = [p.communicate(timeout=600)[1] for p in processes]
+  logs = _communicate(processes)
   for rank, (process, log) in enumerate(zip(processes, logs)):
     assert process.returncode == 0, log[-3000:]
     assert re.search(rf"process {rank} of 2 on host \S+: 2 local devices \(cpu: \d+, \d+\), "

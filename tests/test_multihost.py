@@ -16,7 +16,7 @@ import pytest
 
 from multiformer_jax.runtime import peers
 from multiformer_jax.runtime.train_log import DONE
-from tests.test_reliability import _final_state, _free_port, _run, _write_config
+from tests.test_reliability import _communicate, _final_state, _free_port, _run, _write_config
 from tests.test_signals import assert_same_checkpoints
 from tests.test_train import devices_flag
 
@@ -33,7 +33,7 @@ def _two_processes(config_file, workdir, fault=None, faults=(None, None), extra=
                     env_update={"XLA_FLAGS": devices_flag(1)},
                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                for i in range(2)]
-  logs = [p.communicate(timeout=600)[1] for p in processes]
+  logs = _communicate(processes)
   return [p.returncode for p in processes], logs
 
 

@@ -79,6 +79,16 @@ def _run(config_file, workdir, fault=None, extra=(), env_update=None, **popen):
                         timeout=600, check=False)
 
 
+def _communicate(processes, timeout=600):
+  """Waits for processes started by `_run(..., stderr=PIPE)` -> their stderr; kills them all
+  if one is still running at the timeout (a hung pair must not outlive its test)."""
+  try:
+    return [p.communicate(timeout=timeout)[1] for p in processes]
+  finally:
+    for process in processes:
+      process.kill()
+
+
 def _final_state(workdir, step=MAX_UPDATES):
   return ckpt_lib.StageCheckpoints(os.path.join(workdir, "asr", "checkpoints")).restore(step)
 
@@ -400,7 +410,7 @@ def test_two_processes_train_together_like_one_process_with_the_same_global_batc
                                              "--num_processes=2", f"--process_id={i}"],
                     env_update=one_device, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
                for i in range(2)]
-  logs = [p.communicate(timeout=600)[1] for p in processes]
+  logs = _communicate(processes)
   for p, log in zip(processes, logs):
     assert p.returncode == 0, log[-3000:]
     assert "devices: 1 local (cpu), 2 processes; parallel=jit" in log

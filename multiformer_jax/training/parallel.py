@@ -68,10 +68,14 @@ class DataParallel:
     return jax.device_put(jax.device_get(tree), self.replicated)
 
   def unreplicate(self, tree):
-    """-> host numpy arrays of one replica."""
-    if self.mode == "pmap":
-      tree = jax.tree_util.tree_map(lambda x: x[0], tree)
-    return jax.device_get(tree)
+    """-> host numpy arrays of one replica: this process's first device's, copied as it is.
+    Not `x[0]`: indexing a pmap output compiles and runs a gather over the local devices (on
+    CPU with a collective between them), and process 0 runs it alone when it scores the dev
+    split while the others wait; a host read needs no program."""
+    if self.mode != "pmap":
+      return jax.device_get(tree)
+    first = jax.device_get(jax.tree_util.tree_map(lambda x: x.addressable_data(0), tree))
+    return jax.tree_util.tree_map(lambda x: x[0, ...], first)     # [1, ...] -> [...]
 
   def shard(self, batch: dict):
     """This process's batch (numpy, leading dim = local batch) -> device arrays."""
