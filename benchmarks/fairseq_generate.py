@@ -177,6 +177,7 @@ def main():
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from benchmarks.common import Results, machine, matmul_peak  # pylint: disable=all
   from multiformer_jax.import_fairseq import run as import_fairseq  # pylint: disable=all
+  from multiformer_jax import schema  # pylint: disable=all
   from multiformer_jax.runtime import checkpoints as ckpt_lib  # pylint: disable=all
   root, checkpoint = os.path.join(args.work, "en-de"), os.path.join(args.work, "checkpoint.pt")
   run = os.path.join(args.work, "run")
@@ -189,7 +190,7 @@ def main():
                    check=True)
   if not os.path.exists(run):
     import_fairseq.import_run(checkpoint, root, "st", run)
-  config = ckpt_lib.load_config(run)
+  config = schema.load_config(run)
   with config.unlocked():
     config.eval.max_len_a, config.eval.max_len_b = 0.0, args.max_len_b
     config.eval.batch_frames = BATCH_FRAMES

@@ -38,7 +38,7 @@ from data_prep import corpora  # pylint: disable=wrong-import-position
 from data_prep.audio import SAMPLE_RATE, cut_segment, load_audio  # noqa: E402
 from multiformer_jax.evaluation import evaluate, translate  # noqa: E402
 from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer  # noqa: E402
-from multiformer_jax.runtime import checkpoints as ckpt_lib  # noqa: E402
+from multiformer_jax import schema  # noqa: E402
 from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
 from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
 
@@ -102,7 +102,7 @@ def main():
   parser.add_argument("--long_seconds", type=float, default=60.0)
   parser.add_argument("--out", default="docs/benchmarks/cpu/translate.jsonl")
   args = parser.parse_args()
-  config = ckpt_lib.load_config(args.workdir)
+  config = schema.load_config(args.workdir)
   split = args.split or config.data.test_split
   results = common.Results(args.out, {**common.machine(), "workdir": args.workdir,
                                       "command": "python " + " ".join(sys.argv),

@@ -17,7 +17,7 @@ Run:  python run.py --config=configs/multilingual_s2t_transformer_s.py \
           --config.asr.init_from=runs/multilingual --config.st.init_from=runs/multilingual
 """
 
-from configs import common
+from multiformer_jax import schema
 from configs import head_selection_s2t_transformer_s as head_selection
 
 STEP_ONE = "runs/multilingual"      # the baseline's workdir (override with {stage}.init_from)
@@ -36,4 +36,4 @@ def get_config(arg=None):
     s.init_from_checkpoint = "average"   # the baseline as it is evaluated (last 10 averaged)
     s.train_only = "adapters_"
   head_selection.set_reported(config)
-  return common.apply_arg(config, arg, head_selection.VARIANTS)
+  return schema.apply_arg(config, arg, head_selection.VARIANTS)

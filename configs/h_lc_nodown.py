@@ -12,15 +12,16 @@ Reported (MuST-C En-De tst-COMMON, App. B Table 5): BLEU 21.78; ASR WER 14.0.
 Run:  python run.py --config=configs/h_lc_nodown.py --workdir=runs/h_lc_nodown
 """
 
-from configs import common, multiformer_h_lc
+from configs import multiformer_h_lc
+from multiformer_jax import schema
 
 
 def get_config(arg=None):
-  """configs/multiformer_h_lc.py's experiment without downsampling (common.no_downsampling)."""
+  """configs/multiformer_h_lc.py's experiment without downsampling (schema.no_downsampling)."""
   config = multiformer_h_lc.get_config()
   config.name = "s2t_multiformer_s_h_lc (no downsampling)"
-  common.no_downsampling(config)
+  schema.no_downsampling(config)
   config.reported.bleu, config.reported.wer = 21.78, 14.0
   config.reported.source = ("Sant 2022 (Multiformer thesis), App. B Table 5, MuST-C En-De "
                             "tst-COMMON")
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

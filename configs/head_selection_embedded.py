@@ -10,7 +10,7 @@ logits learn 25x faster than the model (train.selection_lr_multiplier), or the 4
 CPU run would leave the random initial selection in place.
 
 Variants: `:baseline` (4 shared heads of the same kinds, no selection), `:adapters`
-(the baseline plus per-task adapters), `:group`, and those of common.py.
+(the baseline plus per-task adapters), `:group`, and the shared ones (multiformer_jax.schema).
 
 Run:  python run.py --config=configs/head_selection_embedded.py --workdir=runs/hs_embedded
       python run.py --config=configs/head_selection_embedded.py:baseline \
@@ -18,7 +18,8 @@ Run:  python run.py --config=configs/head_selection_embedded.py --workdir=runs/h
 then  python -m multiformer_jax.analyze selection --workdir runs/hs_embedded --out ...
 """
 
-from configs import common, quickstart
+from configs import quickstart
+from multiformer_jax import schema
 
 CANDIDATES = "6x(2*full+2*local(65)+2*conv(5,2)+2*kernel(64))"
 
@@ -55,6 +56,10 @@ def get_config(arg=None):
   d = config.data
   d.root = "data/embedded_multilingual"
   d.prepared_dir = "data/prepared/embedded_de_es_fr_en"
+  # The corpus of three directions into English: none of the quickstart's English-source
+  # additions (recorded game speech, the real test, band-limited talks) applies.
+  d.embedded.update(schema.base_config().data.embedded)
+  d.extra_test_splits = ""
   d.embedded.sources, d.embedded.target = "de,es,fr", "en"
   d.pairs = "de-en,es-en,fr-en"
   d.asr_vocab, d.st_vocab = 1000, 500
@@ -69,12 +74,15 @@ def get_config(arg=None):
   for stage in (config.asr, config.st):
     stage.lr, stage.lr_scheduler, stage.warmup_updates = 2e-3, "inverse_sqrt", 60
     stage.max_updates, stage.eval_every = 200, 50
-  config.asr.ctc_weight = 0.0
+  config.asr.ctc_weight = config.st.ctc_weight = 0.0
+  config.st.decoder_init = config.st.text_encoder = ""   # no MT stage: it has no task ids
   config.eval.average_last = 3
   # 400 updates at lr 2e-3 move an Adam-trained logit by well under its initial spread
   # (U[ln 0.01, 0]): at the model's learning rate the selection stays the random initial one
   # (measured: 0% of the selected heads changed). The logits get 25x the learning rate here.
   config.train.selection_lr_multiplier = 25.0
   config.reported.source = "no published number (embedded corpus)"
-  return common.apply_arg(config, arg, {"baseline": baseline, "adapters": adapters,
-                                         "group": group})
+  return schema.apply_arg(config, arg, VARIANTS)
+
+
+VARIANTS = {"baseline": baseline, "adapters": adapters, "group": group}

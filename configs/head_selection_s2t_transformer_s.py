@@ -27,7 +27,7 @@ Run:  python run.py --config=configs/head_selection_s2t_transformer_s.py \
 CPU:  python run.py --config=configs/head_selection_embedded.py --workdir=runs/hs_embedded
 """
 
-from configs import common, default
+from multiformer_jax import schema
 
 # mTEDx: 10 translation directions with training data, 3 with dev and test only (the paper's
 # zero-shot directions, AVG-Z), and the ASR data of its 8 languages (the X-X "pairs").
@@ -79,7 +79,7 @@ def set_reported(config):
 
 def multilingual(name: str, arg=None, variants=None):
   """s2t_transformer_s with the paper's multilingual recipe and mTEDx data, no selection."""
-  config = default.get_config()
+  config = schema.base_config()
   config.name = name
   m = config.model
   m.dropout = 0.3
@@ -93,7 +93,7 @@ def multilingual(name: str, arg=None, variants=None):
   d.prepared_dir = "data/prepared/mtedx"
   d.train_split, d.dev_split, d.test_split = "train", "valid", "test"
   d.target_lang_tag = True
-  common.batch_per_update(config, 40000, 8)     # "a batch size of 320k tokens" (§4.2)
+  schema.batch_per_update(config, 40000, 8)     # "a batch size of 320k tokens" (§4.2)
   t = config.train
   t.adam_b2, t.adam_eps = 0.98, 1e-6
   # "we stop the model training when the model does not improve on the validation set for 10
@@ -106,7 +106,7 @@ def multilingual(name: str, arg=None, variants=None):
     stage.max_updates = 100000
     stage.eval_every = -1
   set_reported(config)
-  return common.apply_arg(config, arg, {**VARIANTS, **(variants or {})})
+  return schema.apply_arg(config, arg, {**VARIANTS, **(variants or {})})
 
 
 def subset(config):
@@ -152,4 +152,4 @@ def get_config(arg=None):
   m.selection_temperature = 5.0
   config.train.kl_weight = 0.0
   set_reported(config)
-  return common.apply_arg(config, arg, VARIANTS)
+  return schema.apply_arg(config, arg, VARIANTS)

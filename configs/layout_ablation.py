@@ -23,7 +23,8 @@ configs/layout_ablation.py:kernel,configs/layout_ablation.py:conv,configs/layout
 'windows(full)' --share_stages mt --splits tst-COMMON,tst-real,tst-unseen-synth
 """
 
-from configs import common, quickstart
+from configs import quickstart
+from multiformer_jax import schema
 
 UPDATES = {"asr": 3500, "st": 1400}
 LAYOUTS = {
@@ -53,9 +54,7 @@ def get_config(arg=None):
     config[stage].eval_every = updates      # one evaluation (and dev decode) at the end
   config.data.extra_test_splits = "tst-unseen-synth,tst-real"
   config.eval.beam = 5
-  variants = {name: _layout(name) for name in LAYOUTS}
-  variants.update({f"{name}_thesis": _layout(name, thesis=True) for name in THESIS_DIFFERS})
-  return common.apply_arg(config, arg, variants)
+  return schema.apply_arg(config, arg, VARIANTS)
 
 
 # The layouts whose heads compute differently under model.semantics=thesis (full heads do not).
@@ -73,3 +72,7 @@ def _layout(name, thesis=False):
   variant.__doc__ = f"encoder layout {LAYOUTS[name]}" + (
       " as the thesis's code computes it" if thesis else "")
   return variant
+
+
+VARIANTS = {name: _layout(name) for name in LAYOUTS}
+VARIANTS.update({f"{name}_thesis": _layout(name, thesis=True) for name in THESIS_DIFFERS})

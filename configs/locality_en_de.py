@@ -10,7 +10,8 @@ Run:   python run.py --config=configs/locality_en_de.py --workdir=runs/locality_
 Expected (BLEU, mean over 5 seeds, tst-COMMON): 22.49 (s2t_transformer_s baseline 22.53).
 """
 
-from configs import common, s2t_transformer_s
+from configs import s2t_transformer_s
+from multiformer_jax import schema
 
 WINDOWS = (5, 5, 9, 13, 11, 15, 19, 17, 21)  # encoder layers 4..12
 
@@ -29,4 +30,4 @@ def get_config(arg=None, pair="en-de", windows=WINDOWS, reported_bleu=22.49):
   config.data.prepared_dir = f"data/prepared/mustc_{pair.replace('-', '_')}"
   config.reported.bleu, config.reported.wer = reported_bleu, -1.0
   config.reported.source = f"Alastruey et al. 2022, MuST-C {pair} tst-COMMON (mean of 5 seeds)"
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -2,8 +2,7 @@
 
 Encoder: 12x(4xFast)
 Layout:  12x(4*kernel(266))
-(d=256, FFN 2048, 4 heads, 12 encoder / 6 decoder layers, conv subsampler 5,5 stride 2;
-Local(64) attends to 32 tokens on each side, i.e. local(65).)
+(d=256, FFN 2048, 4 heads, 12 encoder / 6 decoder layers, conv subsampler 5,5 stride 2.)
 
 Fast = Performer FAVOR+; the thesis code used performer-pytorch's default int(64 ln 64) = 266
 features, drawn once (kernel_redraw="fixed").
@@ -15,7 +14,8 @@ Tiny: python run.py --config=configs/multiformer_fast.py:runlocal
       --workdir=runs/multiformer_fast_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "12x(4*kernel(266))"
 
@@ -26,4 +26,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_fast"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 20.28, 16.16
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

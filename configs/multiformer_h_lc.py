@@ -12,7 +12,8 @@ Tiny: python run.py --config=configs/multiformer_h_lc.py:runlocal
       --workdir=runs/multiformer_h_lc_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "12x(2*local(65)+2*conv(5,2))"
 
@@ -23,4 +24,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_h_lc"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.52, 13.45
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -12,7 +12,8 @@ Tiny: python run.py --config=configs/multiformer_l_cl.py:runlocal
       --workdir=runs/multiformer_l_cl_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "6x(4*conv(5,2)) 6x(4*local(65))"
 
@@ -23,4 +24,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_l_cl"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.36, 13.4
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -12,7 +12,8 @@ Tiny: python run.py --config=configs/multiformer_local.py:runlocal
       --workdir=runs/multiformer_local_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "12x(4*local(65))"
 
@@ -23,4 +24,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_local"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.0, 14.0
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -11,7 +11,8 @@ Run:  python run.py --config=configs/multiformer_s.py --workdir=runs/multiformer
 Tiny: python run.py --config=configs/multiformer_s.py:runlocal --workdir=runs/multiformer_s_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "2x(4*conv(5,2)) 6x(2*local(65)+2*conv(5,2)) 4x(2*full+2*conv(7,3))"
 
@@ -22,4 +23,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.42, 13.6
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

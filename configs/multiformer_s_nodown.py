@@ -11,15 +11,16 @@ Reported (MuST-C En-De tst-COMMON, App. B Table 5): BLEU 22.15; ASR WER 13.83.
 Run:  python run.py --config=configs/multiformer_s_nodown.py --workdir=runs/multiformer_s_nodown
 """
 
-from configs import common, multiformer_s
+from configs import multiformer_s
+from multiformer_jax import schema
 
 
 def get_config(arg=None):
-  """configs/multiformer_s.py's experiment without downsampling (common.no_downsampling)."""
+  """configs/multiformer_s.py's experiment without downsampling (schema.no_downsampling)."""
   config = multiformer_s.get_config()
   config.name = "s2t_multiformer_s (no downsampling)"
-  common.no_downsampling(config)
+  schema.no_downsampling(config)
   config.reported.bleu, config.reported.wer = 22.15, 13.83
   config.reported.source = ("Sant 2022 (Multiformer thesis), App. B Table 5, MuST-C En-De "
                             "tst-COMMON")
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -11,7 +11,8 @@ Run:  python run.py --config=configs/multiformer_v3.py --workdir=runs/multiforme
 Tiny: python run.py --config=configs/multiformer_v3.py:runlocal --workdir=runs/multiformer_v3_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "6x(1*local(65)+3*conv(5,2)) 6x(3*local(65)+1*conv(5,2))"
 
@@ -22,4 +23,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_v3"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.41, 13.46
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -12,7 +12,8 @@ Run:  python run.py --config=configs/multiformer_v4.py --workdir=runs/multiforme
 Tiny: python run.py --config=configs/multiformer_v4.py:runlocal --workdir=runs/multiformer_v4_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "6x(1*local(65)+3*conv(5,2)) 3x(2*local(65)+2*conv(5,2)) 3x(3*local(65)+1*conv(5,2))"
 
@@ -23,4 +24,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_v4"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.28, 13.5
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -11,7 +11,8 @@ Run:  python run.py --config=configs/multiformer_v5.py --workdir=runs/multiforme
 Tiny: python run.py --config=configs/multiformer_v5.py:runlocal --workdir=runs/multiformer_v5_tiny
 """
 
-from configs import common, s2t_v2
+from configs import s2t_v2
+from multiformer_jax import schema
 
 LAYOUT = "4x(4*conv(5,2)) 3x(1*local(65)+3*conv(5,2)) 5x(2*local(65)+2*conv(5,2))"
 
@@ -22,4 +23,4 @@ def get_config(arg=None):
   config.name = "s2t_multiformer_s_v5"
   config.model.encoder_layout = LAYOUT
   config.reported.bleu, config.reported.wer = 22.6, 13.54
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

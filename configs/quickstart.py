@@ -23,7 +23,7 @@ Run:  python run.py --config=configs/quickstart.py --workdir=runs/quickstart
       python run.py --config=configs/quickstart.py:ding,long --workdir=runs/quickstart_ding_long
 """
 
-from configs import common, default
+from multiformer_jax import schema
 
 UPDATES = {"asr": 11000, "st": 4300}
 EVAL_EVERY = {"asr": 1000, "st": 1000}
@@ -33,7 +33,7 @@ MT_UPDATES = 1000                            # the MT stage's, 64 sentence pairs
 
 
 def get_config(arg=None):
-  config = default.get_config()
+  config = schema.base_config()
   config.name = "quickstart_v2"
   m = config.model
   m.encoder_layers = 6                       # thesis v2 at half depth, d=128
@@ -98,7 +98,7 @@ def get_config(arg=None):
   ev.lm_weight, ev.lm_stages = 0.3, ("asr",)   # the ASR 20-best rescored by a word trigram LM
   ev.rate_norm_target, ev.rate_norm_stages = 0.5, ("asr",)   # fast speakers stretched (ASR)
   ev.no_repeat_ngram_size, ev.no_repeat_ngram_stages = 4, ("st",)   # no loops of pieces (ST)
-  return common.apply_arg(config, arg, {"long": long, "ding": ding})
+  return schema.apply_arg(config, arg, VARIANTS)
 
 
 def long(config):
@@ -127,3 +127,6 @@ def ding(config):
   config.st.decoder_init = config.st.text_encoder = ""
   config.name = config.name.replace("quickstart_v2", "quickstart_v2_ding")
   return config
+
+
+VARIANTS = {"long": long, "ding": ding}

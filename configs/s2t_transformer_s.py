@@ -12,13 +12,13 @@ the Multiformer thesis's own run: BLEU 22.25, ASR WER 13.53. This toolkit has no
 MuST-C (README: "Real MuST-C").
 """
 
-from configs import common, default
+from multiformer_jax import schema
 
 LAYOUT = "12x(4*full)"
 
 
 def get_config(arg=None):
-  config = default.get_config()
+  config = schema.base_config()
   config.name = "s2t_transformer_s"
   m = config.model
   m.d_model, m.ffn_dim = 256, 2048
@@ -28,7 +28,7 @@ def get_config(arg=None):
   m.encoder_layout = LAYOUT
   m.qkv_bias = True                          # fairseq's MultiheadAttention
   # fairseq's MuST-C recipe: --max-tokens 40000 x --update-freq 8 = 320k frames per update.
-  common.batch_per_update(config, max_frames=40000, update_freq=8)
+  schema.batch_per_update(config, max_frames=40000, update_freq=8)
   # 50 000 updates a stage, as the thesis and the locality paper trained it (fairseq's own
   # MuST-C config: 100 000).
   for stage, lr in (("asr", 1e-3), ("st", 2e-3)):
@@ -39,4 +39,4 @@ def get_config(arg=None):
   config.reported.bleu, config.reported.wer = 22.7, 13.53
   config.reported.source = ("MuST-C En-De tst-COMMON; BLEU: fairseq S2T (Wang et al. 2020); ASR "
                             "WER: the Multiformer thesis's run (Sant 2022, App. A Table 3)")
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

@@ -8,14 +8,15 @@ Run:   python run.py --config=configs/s2t_transformer_s_nodown.py \
 Expected (MuST-C En-De tst-COMMON, the thesis's run): ASR WER 13.76, BLEU 22.31.
 """
 
-from configs import common, s2t_transformer_s
+from configs import s2t_transformer_s
+from multiformer_jax import schema
 
 
 def get_config(arg=None):
-  """configs/s2t_transformer_s.py's experiment without downsampling (common.no_downsampling)."""
+  """configs/s2t_transformer_s.py's experiment without downsampling (schema.no_downsampling)."""
   config = s2t_transformer_s.get_config()
   config.name = "s2t_transformer_s (no downsampling)"
-  common.no_downsampling(config)
+  schema.no_downsampling(config)
   config.reported.bleu, config.reported.wer = 22.31, 13.76
   config.reported.source = "Sant 2022, Appendix B, MuST-C En-De tst-COMMON"
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

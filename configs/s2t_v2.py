@@ -15,30 +15,25 @@ Expected (the thesis's, MuST-C En-De tst-COMMON): BLEU 22.63, ASR WER 13.74. Thi
 not trained it on MuST-C (README: "Real MuST-C").
 """
 
-from configs import common, default
+from configs import s2t_transformer_s
+from multiformer_jax import schema
 
 LAYOUT = "6x(1*local(65)+3*conv(5,2)) 6x(2*local(65)+2*conv(5,2))"
 
 
 def get_config(arg=None):
-  config = default.get_config()
+  """s2t_transformer_s (its size, schedules and evaluation's beam) with the thesis's layout,
+  batch, ASR checkpoint and checkpoint averaging."""
+  config = s2t_transformer_s.get_config()
   config.name = "s2t_multiformer_s_v2"
-  m = config.model                           # s2t_transformer_s's size, ~31M parameters
-  m.d_model, m.ffn_dim = 256, 2048
-  m.encoder_layers, m.decoder_layers = 12, 6
-  m.encoder_heads, m.decoder_heads = 4, 4
-  m.conv_kernels, m.conv_strides = (5, 5), (2, 2)
-  m.encoder_layout = LAYOUT
-  m.qkv_bias = False                         # the thesis's code: no q/k/v bias
+  config.model.encoder_layout = LAYOUT
+  config.model.qkv_bias = False              # the thesis's code: no q/k/v bias
   # 20000 frames x 16 = 320k padded frames per update (§5.2), whatever the device count.
-  common.batch_per_update(config, max_frames=20000, update_freq=16)
-  for stage, lr in (("asr", 1e-3), ("st", 2e-3)):   # fairseq's MuST-C schedules
-    s = config[stage]
-    s.lr, s.lr_scheduler, s.warmup_updates, s.max_updates = lr, "inverse_sqrt", 10000, 50000
+  schema.batch_per_update(config, max_frames=20000, update_freq=16)
   config.st.encoder_init = "best"            # the best ASR checkpoint (§5.3)
   # Evaluated as the average of the 7 checkpoints around the best (the thesis's README).
   config.eval.checkpoint, config.eval.average_around_best = "around_best", 7
   config.reported.bleu, config.reported.wer = 22.63, 13.74
   config.reported.source = ("Sant 2022 (Multiformer thesis), MuST-C En-De tst-COMMON: BLEU "
                             "Table 2, ASR WER App. A Table 3")
-  return common.apply_arg(config, arg)
+  return schema.apply_arg(config, arg)

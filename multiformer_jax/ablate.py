@@ -28,7 +28,6 @@ WORKDIR/scores_vs_time.png draws each entry's scores (mean ± std) against those
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import os
@@ -40,9 +39,10 @@ import sys
 
 from data_prep.common import cli_errors
 from multiformer_jax.evaluation import results
-from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax.runtime import tables
 from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import curves
+from multiformer_jax import schema
 
 COLUMNS = ("config", "encoder_layout", "asr_wer", "st_bleu", "asr_wer_avg", "st_bleu_avg",
            "asr_wer_by_task", "st_bleu_by_task", "reported_bleu", "reported_wer",
@@ -145,7 +145,7 @@ def collect_row(workdir: str, name: str, status: str = "", split: str | None = N
   row["config"], row["status"] = name, status
   run_config = None
   if os.path.exists(os.path.join(workdir, "config.json")):
-    run_config = ckpt_lib.load_config(workdir, check_corpus=False)
+    run_config = schema.load_config(workdir, check_corpus=False)
     config = run_config.to_dict()
     split = split or config.get("data", {}).get("test_split")
     row["encoder_layout"] = config["model"]["encoder_layout"]
@@ -222,24 +222,14 @@ def seeds_row(rows: list[dict], name: str, splits=()) -> dict:
   return row
 
 
-def write_table(rows: list[dict], out_dir: str, splits=()) -> tuple[str, str]:
+def write_table(rows: list[dict], out_dir: str, splits=()) -> tables.TablePaths:
+  """The results table of `rows` -> {out_dir}/results.md and results.csv."""
   columns = table_columns(splits)
-  os.makedirs(out_dir, exist_ok=True)
-  csv_path = os.path.join(out_dir, "results.csv")
-  with open(csv_path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=columns)
-    writer.writeheader()
-    writer.writerows(rows)
-  md_path = os.path.join(out_dir, "results.md")
-  headers = [HEADERS.get(c) or _split_header(c) for c in columns]
-  lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(columns)]
-  for r in rows:
-    cells = [f"`{r[c]}`" if c == "encoder_layout" else
-             "—" if r[c] == "" else str(r[c]).replace("|", "\\|") for c in columns]
-    lines.append("| " + " | ".join(cells) + " |")
-  with open(md_path, "w", encoding="utf-8") as f:
-    f.write("\n".join(lines) + "\n")
-  return md_path, csv_path
+  return tables.write_table(
+      rows, os.path.join(out_dir, "results"), columns,
+      headers=[HEADERS.get(c) or _split_header(c) for c in columns],
+      cell=lambda column, value: (f"`{value}`" if column == "encoder_layout" else
+                                  "—" if value == "" else str(value)))
 
 
 def _split_header(column: str) -> str:

@@ -43,10 +43,13 @@ _ACCEPT_CHANGES = flags.DEFINE_bool(
     "accept_config_changes", False, "resume a run whose config changed in settings that alter "
     "the model or the data order (refused otherwise, naming them); the changes are logged in "
     "{workdir}/config_changes.jsonl")
+_PRINT_CONFIG = flags.DEFINE_bool(
+    "print_config", False, "print the whole experiment, every key with the config file's and "
+    "the overrides' values, checked as a run checks it, and exit (no --workdir needed)")
 _PEER_TIMEOUT = flags.DEFINE_float(
     "peer_timeout_s", 60.0, "multi-process: a process that gives no sign of life for this "
     "long is taken for dead and the others stop, naming it (runtime/peers.py)")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["config"])
 
 
 def initialize_distributed(jax):
@@ -76,8 +79,21 @@ def initialize_distributed(jax):
     jax.distributed.initialize()
 
 
+def print_config(config):
+  """The resolved experiment, checked (multiformer_jax.schema), on stdout."""
+  from multiformer_jax import schema  # pylint: disable=import-outside-toplevel
+  schema.check(config)
+  print(config, end="")
+
+
 def main(argv):
   del argv
+  if _PRINT_CONFIG.value:
+    print_config(_CONFIG.value)
+    return
+  if not _WORKDIR.value:
+    raise app.UsageError("--workdir is required: the run's checkpoints, logs and results go "
+                         "there (or pass --print_config to only show the experiment)")
   import jax  # pylint: disable=import-outside-toplevel
   from multiformer_jax.runtime import faults, peers  # pylint: disable=import-outside-toplevel
   with faults.handling_stop_signals():

@@ -146,9 +146,9 @@ def test_every_setting_is_one_field_read_the_same_from_a_config_and_from_flags()
   """CorpusSpec defines the settings once: the config keys and the flags are its fields, with
   its defaults, and both read back into the same specs."""
   import argparse
-  from configs import default
+  from multiformer_jax import schema
   defaults = spec_lib.config_defaults()
-  assert dict(default.get_config().data.embedded) == defaults
+  assert dict(schema.base_config().data.embedded) == defaults
   assert set(defaults) <= set(spec_lib.FIELDS)
   parser = argparse.ArgumentParser()
   spec_lib.add_arguments(parser)

@@ -21,6 +21,7 @@ from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import evaluate, inference, translate
 from multiformer_jax.model import S2TModel
 from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax import schema
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "fairseq_s2t_tiny.npz")
 THESIS_FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "thesis_multiformer_tiny.pt")
@@ -87,7 +88,7 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
   root, out = str(tmp_path / "en-de"), str(tmp_path / "run")
   write_root(root)
   result = import_fairseq.import_run(checkpoint, root, "st", out)
-  config = ckpt_lib.load_config(out)
+  config = schema.load_config(out)
   assert config.data.corpus == "fairseq" and config.data.cmvn == "utterance"
   assert not config.data.specaugment and config.eval.beam == import_fairseq.FAIRSEQ_BEAM
   assert result["vocab_size"] == SYMBOLS
@@ -177,7 +178,7 @@ def test_a_head_selection_checkpoint_imports_with_the_task_ids_it_trained_with(t
       tmp_path / "hs.npz", task_type="lang",
       train_subset=",".join(f"train_{subset}" for subset in subsets))
   result = import_fairseq.import_run(checkpoint, root, "st", out)
-  config = ckpt_lib.load_config(out)
+  config = schema.load_config(out)
   assert (config.model.encoder_task_tag, config.model.decoder_task_tag) == \
       ("source_lang", "target_lang")
   config.eval.batch_frames, config.eval.max_len_b = 300, 12

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import default
+from multiformer_jax import schema
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax import experiment
 from multiformer_jax.training import optimizer
@@ -36,7 +36,7 @@ class DeafModel(S2TModel):
 
 
 def tiny_config(prepared_dir, layout):
-  config = default.get_config()
+  config = schema.base_config()
   m = config.model
   m.d_model, m.ffn_dim, m.conv_channels = 32, 64, 32
   m.encoder_layers, m.decoder_layers = 2, 1

@@ -203,9 +203,10 @@ def test_the_st_stage_starts_its_decoder_from_the_mt_stage(prepared, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda c: setattr(c.st, "decoder_init", "text"), "st.decoder_init='text'; valid: ''"),
-    (lambda c: setattr(c.mt, "max_updates", 0), "mt.max_updates=0, mt.batch=8 and "
-                                                "mt.update_freq=1 must be >= 1"),
+    (lambda c: setattr(c.st, "decoder_init", "text"), r"st.decoder_init='text'; valid: '' \| "
+                                                      r"'mt'"),
+    (lambda c: setattr(c.mt, "max_updates", 0), "st.decoder_init='mt' trains an MT stage: "
+                                                "mt.max_updates=0 must be >= 1"),
     (lambda c: setattr(c.mt, "pairs", "en-fr"), r"mt.pairs='en-fr'; valid:  \(it trains on "
                                                 r"the ST stage's pairs"),
     (lambda c: setattr(c.mt, "ctc_weight", 0.3), "mt.ctc_weight=0.3; valid: 0"),

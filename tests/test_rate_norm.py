@@ -124,8 +124,8 @@ def test_bad_settings_name_the_value_and_what_is_valid():
 
 
 def test_settings_apply_to_the_listed_stages_and_are_off_by_default():
-  from configs import default
-  e = default.get_config().eval
+  from multiformer_jax import schema
+  e = schema.base_config().eval
   assert rate_norm_settings(e, "asr")["rate_norm_target"] == 0.0      # off unless set
   e.rate_norm_target, e.rate_norm_max_stretch, e.rate_norm_stages = 0.5, 1.3, ("asr",)
   assert rate_norm_settings(e, "asr") == {"rate_norm_target": 0.5,

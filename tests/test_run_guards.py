@@ -20,6 +20,7 @@ from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import run_record
 from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import train
+from multiformer_jax import schema
 from tests.test_reliability import _run, _write_config
 from tests.test_train import tiny_config
 
@@ -156,7 +157,7 @@ def test_a_run_refuses_a_prepared_corpus_that_is_not_the_one_it_trained_on(prepa
   with open(os.path.join(workdir, "config.json"), "w", encoding="utf-8") as f:
     json.dump(saved, f)
   with pytest.raises(ValueError, match="cannot read the run: .*spm_asr.model"):
-    ckpt_lib.load_config(workdir)
+    schema.load_config(workdir)
 
 
 def test_a_non_finite_dev_loss_is_never_the_best(tmp_path):

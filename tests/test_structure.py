@@ -1,9 +1,13 @@
 """The project's arrows run one way, read from the import statements of every module (those
 inside functions too):
 
-  run.py -> training -> evaluation -> model, data, runtime (the analyses beside evaluation)
+  run.py -> training -> evaluation -> schema -> experiment -> model, data, runtime (the
+  analyses above evaluation: they read a trained stage as it does)
   multiformer_jax -> data_prep's readers -> data_prep.common
-  data_prep.embedded -> data_prep.common;  configs -> data_prep.embedded.spec
+  data_prep.embedded -> data_prep.common;  configs -> multiformer_jax.schema
+
+configs/ holds experiments alone: nothing in the package or in data_prep imports it (the
+schema, every key with its default, is multiformer_jax.schema).
 
 data_prep.common (errors, progress, token ids, the package cache) imports nothing of the
 project: both sides use it. No module imports itself back through others (no circle).
@@ -22,22 +26,24 @@ ALLOWED = {
     "data": set(),
     "runtime": set(),
     "experiment": {"model", "data"},
-    "evaluation": {"model", "data", "runtime", "experiment"},
-    "analysis": {"model", "data", "runtime", "experiment"},
-    "training": {"evaluation", "model", "data", "runtime", "experiment"},
+    "schema": {"model", "data", "runtime", "experiment"},
+    "evaluation": {"model", "data", "runtime", "experiment", "schema"},
+    "analysis": {"model", "data", "runtime", "experiment", "schema", "evaluation"},
+    "training": {"evaluation", "model", "data", "runtime", "experiment", "schema"},
 }
 COMMANDS = {"train", "evaluate", "translate", "analyze", "ablate", "import_fairseq", "__init__"}
 # What each part of the project may import from data_prep ("readers": its modules outside
-# common/ and embedded/) and from configs.
+# common/ and embedded/); none imports configs.
 DATA_PREP_ALLOWED = {
     "model": {"common"},
-    "runtime": {"common", "configs"},      # a saved config is read over configs/default.py
+    "runtime": {"common"},
     "experiment": {"common"},
+    "schema": {"common", "readers", "embedded"},   # the corpora's names, CorpusSpec's keys
     "data": {"common", "readers"},
     "evaluation": {"common", "readers"},
     "analysis": {"common", "readers"},
     "training": {"common", "readers", "embedded"},
-    "commands": {"common", "readers", "configs"},   # import_fairseq writes a run's config
+    "commands": {"common", "readers"},
 }
 DATA_PREP_PARTS = {        # data_prep's own parts: what they may import of the project
     "common": set(),
@@ -133,19 +139,25 @@ def test_data_prep_never_imports_upward(path):
                     f"{sorted(DATA_PREP_PARTS[part]) or 'nothing of the project'}"
 
 
-# The definitions whose defaults configs/default.py reads (each setting defined once).
-SETTINGS_MODULES = ("data_prep.embedded.spec", "multiformer_jax.model.model_config",
-                    "multiformer_jax.data.input_pipeline")
-
-
-def test_configs_read_only_the_settings_definitions_and_each_other():
-  parents = {p.rsplit(".", k)[0] for p in SETTINGS_MODULES for k in (1, 2)}
+def test_configs_read_only_the_schema_and_each_other():
+  """An experiment starts from multiformer_jax.schema (or another experiment) and sets keys;
+  it needs nothing else of the project."""
   for name in os.listdir(os.path.join(ROOT, "configs")):
     if name.endswith(".py"):
       names = imported_modules(os.path.join(ROOT, "configs", name))
       wrong = sorted(n for n in names if n.split(".")[0] in ("multiformer_jax", "data_prep")
-                     and not n.startswith(SETTINGS_MODULES) and n not in parents)
-      assert not wrong, f"configs/{name} imports {wrong}; configs read only {SETTINGS_MODULES}"
+                     and n not in ("multiformer_jax", "multiformer_jax.schema"))
+      assert not wrong, f"configs/{name} imports {wrong}; configs read only " \
+                        f"multiformer_jax.schema"
+
+
+@pytest.mark.parametrize("package", ["multiformer_jax", "data_prep"])
+def test_the_package_never_imports_configs(package):
+  for _, path in modules(package):
+    upward = sorted(n for n in imported_modules(path) if n.split(".")[0] == "configs")
+    assert not upward, f"{path} imports {upward}: configs/ holds experiments, which import " \
+                       f"the package, not the other way round (the schema: multiformer_jax." \
+                       f"schema)"
 
 
 def _module_graph() -> dict[str, set[str]]:

@@ -14,7 +14,7 @@ from data_prep.audio import SAMPLE_RATE, cut_segment, load_audio
 from multiformer_jax.training import train
 from multiformer_jax.evaluation import pauses, translate
 from multiformer_jax.evaluation import results as eval_results
-from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_jax import schema
 from tests.test_train import tiny_config
 
 RNG = np.random.default_rng(7)
@@ -66,7 +66,7 @@ def test_a_file_decodes_as_evaluation_decodes_the_same_audio(prepared, evaluated
   results = translate.translate_files(evaluated_run, paths, segment_seconds=1000.0)
   for stage in ("asr", "st"):
     directory = eval_results.find(evaluated_run, stage, "dev",
-                                  ckpt_lib.load_config(evaluated_run))
+                                  schema.load_config(evaluated_run))
     hyps = dict(zip(_lines(os.path.join(directory, "ids.txt")),
                     _lines(os.path.join(directory, "hyp.txt"))))
     assert [r[stage] for r in results] == [hyps[r.id] for r in records], stage

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from configs import default
+from multiformer_jax import schema
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import results, word_lm
 from multiformer_jax.evaluation.inference import decode_split
@@ -135,7 +135,7 @@ def test_rescoring_adds_the_weighted_lm_log_probability_before_length_normalisat
 
 def test_decode_split_keeps_the_hypothesis_pick_chooses(prepared):
   _, prepared_dir = prepared
-  config = default.get_config()
+  config = schema.base_config()
   config.data.prepared_dir, config.data.num_buckets = prepared_dir, 1
   data = ip.SplitData(pipeline_config(config, "asr", "test"), "dev")
   batcher = ip.Batcher(data, False)
@@ -164,7 +164,7 @@ def test_decode_split_keeps_the_hypothesis_pick_chooses(prepared):
 
 
 def test_lm_settings_read_the_eval_config():
-  config = default.get_config()
+  config = schema.base_config()
   assert results.lm_settings(config, "asr") is None                   # weight 0: no LM
   config.eval.lm_weight = 0.3
   assert results.lm_settings(config, "asr") == {"weight": 0.3, "order": 3,
@@ -188,7 +188,7 @@ def test_lm_settings_read_the_eval_config():
 
 def test_training_refuses_bad_lm_settings_before_it_starts(tmp_path):
   from multiformer_jax.training import train
-  config = default.get_config()
+  config = schema.base_config()
   config.eval.lm_order = 0
   with pytest.raises(ValueError, match="lm_order=0"):
     train.train_and_evaluate(config, str(tmp_path / "run"))

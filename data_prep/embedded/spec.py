@@ -168,7 +168,7 @@ def _written(value):
 
 
 def config_defaults() -> dict[str, Any]:
-  """{field: default} for the config keys data.embedded.<field> (configs/default.py)."""
+  """{field: default} for the config keys data.embedded.<field> (multiformer_jax.schema)."""
   return {name: _written(field.default) for name, field in FIELDS.items()
           if field.metadata["config_key"]}
 

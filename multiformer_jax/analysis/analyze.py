@@ -23,7 +23,6 @@ split; --seed), and writes PNG plots and CSV + markdown tables to --out.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime
 import json
 import os
@@ -38,25 +37,11 @@ from multiformer_jax.analysis import diagonality as diag
 from multiformer_jax.analysis import heads as heads_lib
 from multiformer_jax.analysis import internals, plots
 from multiformer_jax.analysis import selection as selection_lib
-from multiformer_jax.runtime import process_setup
+from multiformer_jax.runtime import process_setup, tables
+from multiformer_jax import schema
+from multiformer_jax.schema import sections
 
 DEFAULT_FULL_CL_THRESHOLD = 0.25
-
-
-def write_table(rows: list[dict], path_base: str, title: str = "") -> tuple[str, str]:
-  """rows -> {path_base}.csv and {path_base}.md (same columns, the keys of the first row)."""
-  columns = list(rows[0])
-  with open(path_base + ".csv", "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, columns)
-    writer.writeheader()
-    writer.writerows(rows)
-  fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)
-  lines = ([f"{title}\n"] if title else []) + [
-      "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-  lines += ["| " + " | ".join(fmt(row[c]) for c in columns) + " |" for row in rows]
-  with open(path_base + ".md", "w", encoding="utf-8") as f:
-    f.write("\n".join(lines) + "\n")
-  return path_base + ".csv", path_base + ".md"
 
 
 def _source(run: internals.Run, count: int) -> str:
@@ -98,8 +83,8 @@ def analyze_heads(run: internals.Run, out_dir: str, num_utterances: int = 100,
                    "W_v_norm_share": float(weight_share["W_v"][l, h]),
                    "W_o_abs_mean": float(np.abs(blocks[l]["W_o"][h]).mean()),
                    "W_v_abs_mean": float(np.abs(blocks[l]["W_v"][h]).mean())})
-  paths["table"] = write_table(rows, os.path.join(out_dir, f"heads_{tag}"),
-                               f"Head analysis: {_source(run, count)}")[1]
+  paths["table"] = tables.write_table(rows, os.path.join(out_dir, f"heads_{tag}"),
+                                      title=f"Head analysis: {_source(run, count)}").md
   return {"paths": paths, "output_share": output_share, "rows": rows}
 
 
@@ -188,8 +173,8 @@ def analyze_contributions(runs: list[internals.Run], out_dir: str, num_utterance
                    "run": run.config.name})
   paths["ccd"] = plots.ccd_by_layer(series, f"CCD per layer ({count} utterances of "
                                     f"{runs[0].data.split})", os.path.join(out_dir, "ccd.png"))
-  paths["table"] = write_table(rows, os.path.join(out_dir, "ccd"),
-                               "Cumulative contribution diagonality per layer")[1]
+  paths["table"] = tables.write_table(rows, os.path.join(out_dir, "ccd"),
+                                      title="Cumulative contribution diagonality per layer").md
   return {"paths": paths, "rows": rows}
 
 
@@ -248,7 +233,8 @@ import json
 
 import ml_collections
 
-from configs import common
+from multiformer_jax import schema
+from multiformer_jax.schema import sections
 
 ANALYSED_CONFIG = json.loads({json.dumps(json.dumps(config, indent=1))})
 ENCODER_LAYOUT = {layout!r}
@@ -258,8 +244,8 @@ def get_config(arg=None):
   config = ml_collections.ConfigDict(ANALYSED_CONFIG)
   config.name = {name!r}
   config.model.encoder_layout = ENCODER_LAYOUT
-  config.reported = ml_collections.ConfigDict({{"bleu": -1.0, "wer": -1.0, "source": ""}})
-  return common.apply_arg(config, arg)
+  config.reported = schema.base_config().reported     # no published figure
+  return schema.apply_arg(config, arg)
 '''
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   with open(path, "w", encoding="utf-8") as f:
@@ -279,9 +265,10 @@ def select_windows(run: internals.Run, out_dir: str, num_utterances: int = 400,
                                                  residual)
   count = stats.count
   table = window_table(stats, run.layout, full_cl_threshold, full_layers)
-  paths = {"table": write_table(table, os.path.join(out_dir, f"windows_{run.stage}"),
-                                f"Window selection: {_source(run, count)}, t={threshold}, "
-                                f"patience N*{patience_fraction}")[1],
+  paths = {"table": tables.write_table(
+      table, os.path.join(out_dir, f"windows_{run.stage}"),
+      title=f"Window selection: {_source(run, count)}, t={threshold}, "
+            f"patience N*{patience_fraction}").md,
            "windows": plots.window_sizes(table, os.path.join(out_dir,
                                                              f"windows_{run.stage}.png")),
            "contributions": plots.contribution_matrices(
@@ -319,16 +306,17 @@ def analyze_selection(run: internals.Run, out_dir: str) -> dict:
     paths[f"{stack}_load"] = plots.head_load(
         selection_lib.head_load(masks), labels, len(names),
         f"{stack}: tasks using each head", base + "_load.png")
-    paths[f"{stack}_table"] = write_table(
+    paths[f"{stack}_table"] = tables.write_table(
         selection_lib.selection_rows(masks, labels, names), base + "_selection",
-        f"Heads selected at inference ({stack}, {source})")[1]
+        title=f"Heads selected at inference ({stack}, {source})").md
     kinds[stack] = selection_lib.kinds_per_task(masks, labels, names)
-    paths[f"{stack}_kinds"] = write_table(kinds[stack], base + "_kinds",
-                                          f"Selected heads per kind ({stack}, {source})")[1]
+    paths[f"{stack}_kinds"] = tables.write_table(
+        kinds[stack], base + "_kinds", title=f"Selected heads per kind ({stack}, {source})").md
   drift = selection_lib.drift_rows(stacks, selection_lib.stacks(
       run.model.config, initial_selection_params(run)), run.stage)
-  paths["drift"] = write_table(drift, os.path.join(out_dir, f"{run.stage}_drift"),
-                               f"Selection logits against their initial values ({source})")[1]
+  paths["drift"] = tables.write_table(
+      drift, os.path.join(out_dir, f"{run.stage}_drift"),
+      title=f"Selection logits against their initial values ({source})").md
   return {"paths": paths, "kinds": kinds, "tasks": names_by_stack, "drift": drift}
 
 
@@ -347,7 +335,7 @@ def initial_selection_params(run: internals.Run):
 def _common(parser):
   parser.add_argument("--workdir", required=True, help="a run directory written by run.py")
   parser.add_argument("--split", default=None, help="default: the config's data.dev_split")
-  parser.add_argument("--checkpoint", default="best", choices=internals.ckpt_lib.SELECTIONS)
+  parser.add_argument("--checkpoint", default="best", choices=sections.SELECTIONS)
   parser.add_argument("--average_last", type=int, default=10,
                       help="checkpoints averaged by average (the last N) and around_best")
   parser.add_argument("--num_utterances", type=int, default=100)
@@ -414,7 +402,7 @@ def main(argv=None):
       print(row)
     print(json.dumps(result["paths"], indent=1))
     return
-  if internals.ckpt_lib.load_config(args.workdir).model.get("encoder_candidates"):
+  if schema.load_config(args.workdir).model.get("encoder_candidates"):
     raise SystemExit(f"{args.command}: the per-head W_o and contribution analyses need every "
                      f"head to own its W_o rows; in a head-selection model the W_o slots are "
                      f"shared by candidates. Use: python -m multiformer_jax.analyze selection")

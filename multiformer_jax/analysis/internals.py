@@ -8,7 +8,6 @@ Everything is evaluation mode (no dropout, fixed kernel features) and float32, w
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Iterator
 
 import flax.linen as nn
@@ -17,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from data_prep.common.progress import progress_bar
-from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.model import S2TModel
-from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
-                                         task_keys)
+from multiformer_jax.evaluation.trained_stage import checkpoints_dir, load_trained_stage
+from multiformer_jax.experiment import known_task_rows, pipeline_config
+from multiformer_jax import schema
 
 
 @dataclasses.dataclass
@@ -51,21 +50,14 @@ def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str
              average_last: int = 10) -> Run:
   """The run's config, a checkpoint of `stage` (latest | best | average | around_best) and a
   split."""
-  config = ckpt_lib.load_config(workdir)
-  ckpt_dir = os.path.join(workdir, stage, "checkpoints")
-  if not os.path.isdir(ckpt_dir):
-    stages = [s for s in ip.SPEECH_STAGES if os.path.isdir(os.path.join(workdir, s, "checkpoints"))]
-    raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({ckpt_dir}); stages with "
-                            f"checkpoints: {stages or 'none'}")
+  config = schema.load_config(workdir)
+  checkpoints_dir(workdir, stage)          # named before the split is read
   data = ip.SplitData(pipeline_config(config, stage, "test"), split or config.data.dev_split)
-  tasks = task_keys(config, stage)
-  data, _ = known_task_rows(data, tasks)
-  model_config = dataclasses.replace(model_config_for(config, data.vocab.size, tasks),
-                                     dtype="float32")
-  params, which = ckpt_lib.StageCheckpoints(ckpt_dir).select_params(checkpoint, average_last)
-  params = jax.tree_util.tree_map(lambda p: jnp.asarray(p, jnp.float32), params)
-  return Run(config, stage, S2TModel(model_config), params, which, data,
-             ip.Batcher(data, False, tasks=tasks), tasks)
+  trained = load_trained_stage(workdir, config, stage, data.vocab.size, checkpoint,
+                               average_last, dtype="float32")
+  data, _ = known_task_rows(data, trained.tasks)
+  return Run(config, stage, trained.model, trained.params, trained.checkpoint, data,
+             ip.Batcher(data, False, tasks=trained.tasks), trained.tasks)
 
 
 def sample_utterances(data: ip.SplitData, count: int, seed: int = 0) -> np.ndarray:

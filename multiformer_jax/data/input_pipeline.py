@@ -76,7 +76,8 @@ class PipelineConfig:
       "target tokens, more compiled shapes; 6: 13 % padded on MuST-C-like lengths, "
       "docs/benchmarks.md)")
   max_source_frames: int = setting(3000, "longer training utterances are skipped (counted)")
-  max_target_tokens: int = 1023    # tokens before EOS (decoder max positions - 1)
+  max_target_tokens: int = 1023    # tokens before EOS: experiment.pipeline_config sets
+                                   # model.max_target_positions - 1
   cmvn: str = setting("utterance", "utterance | global | none")
   specaugment: bool = setting(True, "SpecAugment on the training split")
   specaugment_policy: str = setting(
@@ -105,7 +106,7 @@ class PipelineConfig:
 
 
 def config_defaults() -> dict:
-  """{field: default} of PipelineConfig's settings: configs/default.py's data.<field> keys."""
+  """{field: default} of PipelineConfig's settings: the data.<field> keys of an experiment."""
   return settings.config_defaults(PipelineConfig)
 
 

@@ -24,8 +24,6 @@ import json
 import os
 import time
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from data_prep.common import atomic, cli_errors
@@ -33,15 +31,15 @@ from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.runtime import compile_clock, process_setup
 from multiformer_jax.evaluation import word_lm
+from multiformer_jax.evaluation.trained_stage import load_trained_stage
 from multiformer_jax.evaluation.results import RESULTS, search_settings
 from multiformer_jax.evaluation.results import directory as results_directory
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
                                                   make_translate_for, no_repeat_ngram_size,
                                                   rate_norm_settings, score)
-from multiformer_jax.model import S2TModel
-from multiformer_jax.experiment import (known_task_rows, model_config_for, pipeline_config,
-                                         task_keys, training_pairs)
+from multiformer_jax.experiment import known_task_rows, pipeline_config, training_pairs
 from multiformer_jax.runtime.train_log import setup_logging
+from multiformer_jax import schema
 
 
 def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict:
@@ -84,13 +82,6 @@ def paper_averages(stage: str, by_tag: dict, split_pairs, trained_pairs, left_ou
   zero_shot = [p for p in split_pairs if p not in set(trained_pairs)]
   return {"AVG-A": mean(list(split_pairs)), "AVG-T": mean(trained), "AVG-Z": mean(zero_shot),
           "zero_shot_pairs": zero_shot}
-
-
-def stage_params(workdir: str, stage: str, checkpoint: str, count: int):
-  """(params as device arrays, description) of a stage's checkpoint selection."""
-  params, which = ckpt_lib.StageCheckpoints(
-      os.path.join(workdir, stage, "checkpoints")).select_params(checkpoint, count)
-  return jax.tree_util.tree_map(jnp.asarray, params), which
 
 
 def stage_language_model(config, stage: str, settings: dict) -> word_lm.WordLM:
@@ -137,14 +128,14 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
   data = ip.SplitData(pipeline_config(config, stage, "test"), split)
   split_pairs = ip.split_tags(data)["pair"]
   # Task ids are the training split's (as in training), whatever the evaluated split holds.
-  tasks = task_keys(config, stage)
+  trained = load_trained_stage(workdir, config, stage, data.vocab.size, checkpoint,
+                               average_last)
+  model, params, which, tasks = trained.model, trained.params, trained.checkpoint, trained.tasks
   data, left_out = known_task_rows(data, tasks)
   if left_out:
     log.warning("%s: %d utterances have no task in the model (it was never trained on them) "
                 "and are not decoded: %s", split, sum(left_out.values()), left_out)
   batcher = ip.Batcher(data, False, tasks=tasks)
-  model = S2TModel(model_config_for(config, data.vocab.size, tasks, stage))
-  params, which = stage_params(workdir, stage, checkpoint, average_last)
   ctc_weight = joint_ctc_weight(model, e, settings["ctc_weight"])
   log.info("evaluating %s on %s (%d utterances) with %s, beam %d%s", stage, split, len(data),
            which, beam, f", joint CTC/attention (ctc_weight {ctc_weight})" if ctc_weight else "")
@@ -234,7 +225,7 @@ def main(argv=None):
                            "above which an utterance is stretched in time; 0 = off (default: "
                            "eval.rate_norm_target)")
   args = parser.parse_args(argv)
-  config = ckpt_lib.load_config(args.workdir)
+  config = schema.load_config(args.workdir)
   compile_clock.use_compilation_cache(config)       # before compiling, as run.py and translate
   with config.unlocked():
     if args.no_repeat_ngram_size is not None:

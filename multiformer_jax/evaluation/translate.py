@@ -51,12 +51,12 @@ from multiformer_jax.runtime import compile_clock
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import pauses
 from multiformer_jax.evaluation import translation_output as output_lib
-from multiformer_jax.evaluation.evaluate import lm_rescorer, stage_params
+from multiformer_jax.evaluation.evaluate import lm_rescorer
+from multiformer_jax.evaluation.trained_stage import load_trained_stage
 from multiformer_jax.evaluation.results import averaged_count, lm_settings
-from multiformer_jax.experiment import model_config_for, task_keys
 from multiformer_jax.runtime import process_setup
 from multiformer_jax.evaluation.inference import make_translate_for, picked
-from multiformer_jax.model import S2TModel
+from multiformer_jax import schema
 
 DEFAULT_SEGMENT_SECONDS = 20.0
 SMALLEST_BUCKET_FRAMES = 256     # 2.56 s
@@ -116,8 +116,11 @@ class StageTranslator:
     self.stage, self.config = stage, config
     summary = _prepared_summary(d.prepared_dir)
     self.vocab = vocab_lib.load(d.prepared_dir, summary["vocab"][stage])
-    keys = task_keys(config, stage)
-    self.model = S2TModel(model_config_for(config, self.vocab.size, keys, stage))
+    which = checkpoint or e.checkpoint
+    trained = load_trained_stage(workdir, config, stage, self.vocab.size, which,
+                                 averaged_count(config, which))
+    self.model, self.params, self.checkpoint = trained.model, trained.params, trained.checkpoint
+    keys = trained.tasks
     if self.model.config.input_dim != features_lib.NUM_MEL_BINS:
       raise ValueError(f"this model reads {self.model.config.input_dim} features a frame; "
                        f"translate computes {features_lib.NUM_MEL_BINS}-bin fbank from audio")
@@ -133,9 +136,6 @@ class StageTranslator:
         raise ValueError(f"this model translates into several languages: pass --target_lang, "
                          f"one of {langs}" + (f" (got {target_lang!r})" if target_lang else ""))
       self.prefix = symbol
-    which = checkpoint or e.checkpoint
-    self.params, self.checkpoint = stage_params(workdir, stage, which,
-                                                averaged_count(config, which))
     self.gcmvn = ip.read_gcmvn(d.prepared_dir, summary) if d.cmvn == "global" else None
     lm = lm_settings(config, stage)
     self.pick = lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty) if lm else None
@@ -225,7 +225,7 @@ class FileTranslator:
     for stage in stages:
       if stage not in ip.SPEECH_STAGES:
         raise ValueError(f"stage {stage!r}; valid: {ip.SPEECH_STAGES}")
-    self.config = ckpt_lib.load_config(workdir)
+    self.config = schema.load_config(workdir)
     if rate_norm_target is not None:
       with self.config.unlocked():
         self.config.eval.rate_norm_target = rate_norm_target
@@ -346,7 +346,7 @@ def main(argv=None) -> int:
                            "(default: the run's eval.rate_norm_target)")
   args = parser.parse_args(argv)
   stages = tuple(args.stages)
-  compile_clock.use_compilation_cache(ckpt_lib.load_config(args.workdir))   # before compiling
+  compile_clock.use_compilation_cache(schema.load_config(args.workdir))   # before compiling
   fmt = output_lib.output_format(args.output, args.format)
   done = output_lib.paths_written(args.output, fmt) if args.output else set()
   paths = [p for p in args.audio if p not in done]

@@ -26,7 +26,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from configs import default
 from data_prep import fairseq_data, vocab
 from data_prep.common import atomic, cli_errors
 from multiformer_jax.model import S2TModel
@@ -39,6 +38,7 @@ from multiformer_jax.experiment import model_config_for, task_keys
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime.train_log import DONE
 from multiformer_jax.training import optimizer, steps
+from multiformer_jax import schema
 
 # fairseq's own MuST-C evaluation (examples/speech_to_text/docs/mustc_example.md): beam 5.
 FAIRSEQ_BEAM = 5
@@ -80,7 +80,7 @@ def _splits(available: list[str]) -> tuple[str, str, str]:
 
 def run_config(model: ModelConfig, summary: dict, prepared_dir: str, stage: str, name: str):
   """The config of the imported run: fairseq's model, the data as its yaml says."""
-  config = default.get_config()
+  config = schema.base_config()
   config.name = name
   m = config.model
   for key, value in model.to_dict().items():

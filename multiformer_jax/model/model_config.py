@@ -1,7 +1,7 @@
 """The frozen model configuration, built once from the `model` section of a ConfigDict.
 
 Every model hyper-parameter is a field here, with its default and its meaning, and nowhere
-else: configs/default.py's `model` section is `config_defaults()`, modules read this object,
+else: the experiment schema's `model` section is `config_defaults()`, modules read this object,
 and unknown or mistyped keys fail at build time with the list of valid ones.
 """
 
@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from data_prep.common import settings
-from data_prep.common.settings import setting
+from data_prep.common.settings import ConfigError, setting
 from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.fused import IMPLEMENTATIONS
@@ -38,10 +38,6 @@ DROPOUT_RATES = ("dropout", "attention_dropout", "activation_dropout")   # each 
 AUTO = -1
 CPU_KEY_BLOCK_SIZE = 512
 CPU_FFN_TOKEN_CHUNK = 0
-
-
-class ConfigError(ValueError):
-  """A model config value that cannot be used, naming the key and what is valid."""
 
 
 def derived(default, help_text: str):
@@ -297,28 +293,7 @@ class ModelConfig:
   def from_dict(cls, values: Mapping[str, Any]) -> "ModelConfig":
     """From a mapping (e.g. `config.model`); unknown keys and wrong types are errors."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    values = dict(values.items())
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-      raise ConfigError(f"unknown model config key(s) {unknown}; valid keys: {sorted(fields)}")
-    typed = {}
-    for name, value in values.items():
-      default = fields[name].default
-      if isinstance(default, bool):
-        ok = isinstance(value, bool)
-      elif isinstance(default, int):
-        ok = isinstance(value, int) and not isinstance(value, bool)
-      elif isinstance(default, float):
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-      elif isinstance(default, str):
-        ok = isinstance(value, str)
-      else:
-        ok = isinstance(value, (list, tuple)) and all(isinstance(v, int) for v in value)
-      if not ok:
-        raise ConfigError(f"model.{name}={value!r} has type {type(value).__name__}; expected "
-                          f"{type(default).__name__} like {default!r}")
-      typed[name] = value
+    typed = settings.typed_values(cls, dict(values.items()), "model", fields)
     return cls(**typed)
 
   def to_dict(self) -> dict[str, Any]:
@@ -332,5 +307,5 @@ def _resolve(value: int, cpu_value: int) -> int:
 
 
 def config_defaults() -> dict[str, Any]:
-  """{field: default} of the fields a config sets: configs/default.py's model.* keys."""
+  """{field: default} of the fields a config sets: the model.* keys of an experiment."""
   return settings.config_defaults(ModelConfig)

@@ -8,7 +8,6 @@ experiment config is saved once beside the stage directories (`{workdir}/config.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -19,7 +18,7 @@ import orbax.checkpoint as ocp
 
 from data_prep.common import atomic
 
-from multiformer_jax.runtime import checkpoint_files, faults, processes, run_record
+from multiformer_jax.runtime import checkpoint_files, faults, processes
 
 
 SELECTIONS = ("latest", "best", "average", "around_best")
@@ -311,32 +310,3 @@ def check_writable(workdir: str):
 def save_config(workdir: str, config):
   check_writable(workdir)
   atomic.write_text(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=1))
-
-
-def load_config(workdir: str, check_corpus: bool = True):
-  """The config run.py saved beside the checkpoints, over configs/default.py's: a key the run's
-  config.json lacks (a run from before the key existed) reads its default. With
-  `check_corpus`, refuses a prepared corpus whose vocabularies or CMVN statistics are not the
-  ones the run trained with (runtime/run_record.py)."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
-  from configs import default  # pylint: disable=import-outside-toplevel
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: evaluation reads the config saved by run.py "
-                            f"beside the checkpoints; pass the run's --workdir")
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
-  config = ml_collections.ConfigDict(_over(default.get_config().to_dict(), saved))
-  if check_corpus:
-    run_record.check_corpus(workdir, config.data.prepared_dir, "read the run",
-                            data_order=False)
-  return config
-
-
-def _over(defaults: dict, saved: dict) -> dict:
-  """`saved` with the keys it lacks taken from `defaults`, section by section."""
-  merged = dict(defaults)
-  for key, value in saved.items():
-    merged[key] = (_over(defaults[key], value) if isinstance(value, dict) and
-                   isinstance(defaults.get(key), dict) else value)
-  return merged

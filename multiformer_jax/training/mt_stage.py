@@ -45,37 +45,14 @@ STAGE = experiment.MT_STAGE
 DECODE_ROWS = 100            # sentences per beam-search batch (one compiled shape)
 
 
-def check_config(config, prepared: bool = False):
-  """Refuses settings the MT stage cannot honour, before anything trains (with `prepared`,
-  also what the prepared data must have)."""
-  init = config.st.decoder_init
-  if init not in ("", STAGE):
-    raise ValueError(f"st.decoder_init={init!r}; valid: '' (a fresh decoder) or 'mt' (the "
-                     f"MT stage's)")
-  stacked = config.st.text_encoder
-  if stacked not in ("", STAGE):
-    raise ValueError(f"st.text_encoder={stacked!r}; valid: '' (none) or 'mt' (the MT "
-                     f"stage's encoder stacked on the speech encoder)")
-  if stacked and not config.st.ctc_weight > 0:
-    raise ValueError("st.text_encoder='mt' reads the ST stage's CTC head over the source "
-                     f"pieces: set st.ctc_weight > 0 (it is {config.st.ctc_weight})")
+def check_prepared(config):
+  """What the MT stage needs of the prepared data, where it runs (the config itself is
+  checked by multiformer_jax.schema when it is loaded)."""
   if STAGE not in experiment.stages_run(config):
     return
-  mt = config.mt
-  setting = ("st.decoder_init='mt'" if experiment.st_decoder_from_mt(config)
-             else "st.text_encoder='mt'")
-  if mt.max_updates < 1 or mt.batch < 1 or mt.update_freq < 1:
-    raise ValueError(f"{setting} trains an MT stage: mt.max_updates={mt.max_updates}, "
-                     f"mt.batch={mt.batch} and mt.update_freq={mt.update_freq} must be >= 1")
-  for key, value, why in (("pairs", mt.pairs, "it trains on the ST stage's pairs (st.pairs)"),
-                          ("ctc_weight", mt.ctc_weight, "the MT model has no CTC head")):
-    if value:
-      raise ValueError(f"mt.{key}={value!r}; valid: {'' if key == 'pairs' else 0} ({why})")
-  tags = experiment.stack_task_tags(config.model)
-  if any(tags.values()):
-    raise ValueError(f"{setting} needs a model without task-keyed stacks (model "
-                     f"task tags {tags}): the MT model has no task ids")
-  if prepared and "asr" not in ip.read_summary(config.data.prepared_dir)["vocab"]:
+  if "asr" not in ip.read_summary(config.data.prepared_dir)["vocab"]:
+    setting = ("st.decoder_init='mt'" if experiment.st_decoder_from_mt(config)
+               else "st.text_encoder='mt'")
     raise ValueError(f"{setting}: {config.data.prepared_dir} has no ASR vocabulary "
                      f"for the source transcripts the MT model reads")
 

@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from multiformer_jax.schema.sections import LR_SCHEDULERS
+
 
 def inverse_sqrt_schedule(peak_lr: float, warmup: int):
   """fairseq inverse_sqrt: lr = peak * u / warmup during warmup (from 0), then
@@ -38,7 +40,6 @@ def polynomial_decay_schedule(peak_lr: float, warmup: int, total: int, power: fl
   return schedule
 
 
-LR_SCHEDULERS = ("inverse_sqrt", "polynomial_decay")
 
 
 def make_schedule(stage_cfg):
@@ -46,10 +47,6 @@ def make_schedule(stage_cfg):
   if name == "inverse_sqrt":
     return inverse_sqrt_schedule(stage_cfg.lr, stage_cfg.warmup_updates)
   if name == "polynomial_decay":
-    if stage_cfg.max_updates <= stage_cfg.warmup_updates:
-      raise ValueError(f"lr_scheduler polynomial_decay decays from warmup_updates "
-                       f"({stage_cfg.warmup_updates}) to max_updates ({stage_cfg.max_updates}); "
-                       f"max_updates must be larger")
     return polynomial_decay_schedule(stage_cfg.lr, stage_cfg.warmup_updates,
                                      stage_cfg.max_updates)
   raise ValueError(f"lr_scheduler {name!r}; valid: {', '.join(LR_SCHEDULERS)}")

@@ -14,14 +14,15 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-MODES = ("pmap", "jit")
+from multiformer_jax.schema.sections import PARALLEL_MODES
+
 AXIS = "batch"
 
 
 class DataParallel:
   def __init__(self, mode: str = "pmap"):
-    if mode not in MODES:
-      raise ValueError(f"train.parallel={mode!r}; valid: {MODES}")
+    if mode not in PARALLEL_MODES:
+      raise ValueError(f"train.parallel={mode!r}; valid: {PARALLEL_MODES}")
     self.mode = mode
     self.local_devices = jax.local_devices()
     self.num_local = len(self.local_devices)

@@ -25,7 +25,8 @@ import jax
 
 from data_prep.common import atomic, locks
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation import evaluate, inference, results
+from multiformer_jax import schema
+from multiformer_jax.evaluation import evaluate
 from multiformer_jax.experiment import stages_run
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import compile_clock, faults, host_memory, processes, run_record
@@ -38,45 +39,6 @@ from multiformer_jax.training.stage import StageRun, compile_programs, prepare_s
 from multiformer_jax.training.steps import TrainState, evaluate_loss, params_checksum
 
 
-def check_checkpoint_retention(config):
-  """The checkpoint selections are known ones, and averaging N checkpoints needs N kept: each
-  stage's keep_last must cover eval.average_last where evaluation, or for the ASR stage the
-  ST encoder init, averages the last N ("average"); "around_best" keeps its own."""
-  for key, value in (("eval.checkpoint", config.eval.checkpoint),
-                     ("st.encoder_init", config.st.encoder_init)):
-    if value not in ckpt_lib.SELECTIONS:
-      raise ValueError(f"{key}={value!r}; valid: {', '.join(ckpt_lib.SELECTIONS)}")
-  needs = []
-  if config.eval.checkpoint == "average":
-    needs += [(stage, config.eval.average_last, "eval.average_last")
-              for stage in config.train.stages]
-  if ("st" in config.train.stages and "asr" in config.train.stages and
-      config.st.encoder_init == "average"):
-    needs.append(("asr", config.eval.average_last, "eval.average_last (st.encoder_init)"))
-  for stage, count, key in needs:
-    if config[stage].keep_last < count:
-      raise ValueError(f"{stage}.keep_last={config[stage].keep_last} keeps fewer checkpoints "
-                       f"than {key}={count} averages; set {stage}.keep_last >= {count} or "
-                       f"lower {key}")
-
-
-def check_config(config):
-  """Refuses what would fail later, before anything is built or trained."""
-  bad_stages = [s for s in config.train.stages if s not in ip.SPEECH_STAGES]
-  if bad_stages or not config.train.stages:
-    raise ValueError(f"train.stages contains {bad_stages[0] if bad_stages else 'nothing'!r}; "
-                     f"valid stages: {ip.SPEECH_STAGES}")
-  check_checkpoint_retention(config)
-  for stage in config.train.stages:         # eval.lm_* and the repeat block refused now
-    results.lm_settings(config, stage)
-    inference.no_repeat_ngram_size(config.eval, stage)
-  for stage in stages_run(config):          # resolved_eval_every reads what passes here
-    if config[stage].eval_every < 1 and config[stage].eval_every != -1:
-      raise ValueError(f"{stage}.eval_every={config[stage].eval_every}; valid: a number of "
-                       f"updates >= 1, or -1 for once per epoch")
-  mt_stage.check_config(config)          # what needs no prepared data
-
-
 def train_and_evaluate(config, workdir: str, accept_config_changes: bool = False) -> dict:
   """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation.
   While it runs, the workdir is this run's alone (data_prep.common.locks), a stop signal
@@ -85,7 +47,7 @@ def train_and_evaluate(config, workdir: str, accept_config_changes: bool = False
   refusing a config that would change the model or the data order unless
   `accept_config_changes` (runtime/run_record.py)."""
   log = logging.getLogger("multiformer_jax")
-  check_config(config)
+  schema.check(config)
   lock = locks.DirectoryLock(workdir, "training run")
   with faults.handling_stop_signals():
     try:
@@ -117,7 +79,7 @@ def _train_and_evaluate(config, workdir: str, log: logging.Logger) -> dict:
   processes.on_first_process(lambda: run_record.record_corpus(
       workdir, config.data.prepared_dir, (config.data.train_split, config.data.dev_split)),
                              f"checking {config.data.prepared_dir} against the run's corpus")
-  mt_stage.check_config(config, prepared=True)
+  mt_stage.check_prepared(config)
   dp = DataParallel(config.train.parallel)
   log.info("devices: %d local (%s), %d processes; parallel=%s", dp.num_local,
            jax.local_devices()[0].platform, jax.process_count(), dp.mode)

@@ -1,4 +1,4 @@
-"""What experiments share beyond configs/default.py's defaults: the `arg` of
+"""What experiments share beyond the base config: the `arg` of
 `--config=configs/file.py:arg`, the tiny CPU variant, a paper's batch per update and the
 no-downsampling models' settings.
 
@@ -7,13 +7,17 @@ no-downsampling models' settings.
 `configs/s2t_v2.py:runlocal,train.seed=2`.
 """
 
+from __future__ import annotations
+
+from data_prep.common.settings import ConfigError
+from multiformer_jax.data.input_pipeline import SPEECH_STAGES
+
 # The no-downsampling models (4x longer encoder sequences) keep the loop-based memory options
 # on every backend: the thesis lost batches to out-of-memory on an 11 GB GPU, and with them a
 # 20 000-frame batch compiles to 3.3-3.7 GiB on an H100 in bf16 (11-21 GiB without).
 NODOWN_MEMORY_OPTIONS = {"key_block_size": 512, "ffn_token_chunk": 1024}
 # Their batch (thesis App. B): 5000 frames x update_freq 64 = 320k frames per update.
 NODOWN_BATCH = (5000, 64)
-STAGES = ("asr", "st")
 
 
 def batch_per_update(config, max_frames: int, update_freq: int):
@@ -22,7 +26,7 @@ def batch_per_update(config, max_frames: int, update_freq: int):
   paper's GPU held), the micro-batches per update derived (update_freq on one device)."""
   config.data.max_frames = max_frames
   config.data.frames_per_update = max_frames * update_freq
-  for stage in STAGES:
+  for stage in SPEECH_STAGES:
     config[stage].update_freq = 0
   return config
 
@@ -42,7 +46,7 @@ def runlocal(config):
   m.d_model, m.ffn_dim, m.conv_channels = 64, 128, 128
   m.decoder_layers = 2
   config.data.frames_per_update = 0
-  for stage in STAGES:
+  for stage in SPEECH_STAGES:
     config[stage].update_freq = 1
   return config
 
@@ -66,21 +70,22 @@ def apply_arg(config, arg, variants=None):
     elif item in known:
       config = known[item](config)
     else:
-      raise ValueError(f"unknown config variant {item!r}; valid: {sorted(known)} or "
-                       f"key=value")
+      raise ConfigError(f"unknown config variant {item!r}; valid: {sorted(known)} or "
+                        f"key=value")
   return config
 
 
 def _parse_value(current, text, key):
-  """`text` converted to the type of the current value (tuples written as 5:5)."""
+  """`text` converted to the type of the current value (tuples written as 5:5 or asr:st)."""
   if isinstance(current, bool):
     if text.lower() not in ("true", "false", "1", "0"):
-      raise ValueError(f"config {key}={text!r}: expected true or false")
+      raise ConfigError(f"config {key}={text!r}: expected true or false")
     return text.lower() in ("true", "1")
   if isinstance(current, (tuple, list)):
-    return tuple(int(v) for v in text.split(":"))
+    kind = type(current[0]) if current else int
+    return tuple(kind(v) for v in text.split(":"))
   try:
     return type(current)(text)
   except ValueError:
-    raise ValueError(f"config {key}={text!r}: expected a {type(current).__name__} like "
-                     f"{current!r}") from None
+    raise ConfigError(f"config {key}={text!r}: expected a {type(current).__name__} like "
+                      f"{current!r}") from None
