@@ -6,7 +6,8 @@ write a results table like the thesis's Table 2 (markdown + CSV).
         --arg runlocal --set data.prepared_dir=data/prepared/embedded_en_es,asr.max_updates=300
 
 Each entry of --configs is a config file (run NAME = the file's name) or FILE:VARIANT (NAME =
-the variant), run as `python run.py --config=FILE[:VARIANT,...] --workdir=WORKDIR/NAME`, so a
+the variant), run as `python -m multiformer_jax.train --config=FILE[:VARIANT,...]
+--workdir=WORKDIR/NAME` (run.py's command, from the package ablate itself runs from), so a
 rerun resumes, a finished run (both stages and their evaluations there) is kept, and one
 failing entry does not stop the others. The entry `windows(NAME)` is the locality paper's
 efficient model: Algorithm 1 (`python -m multiformer_jax.analyze windows`, ST stage, 400
@@ -65,7 +66,17 @@ TASK_TAG_PREFERENCE = ("pair", "source_lang", "target_lang", "domain")
 WINDOWS_ENTRY = re.compile(r"windows\((\w+)\)$")
 # Updates left out of the median seconds per update: compilation and warm-up.
 WARM_UP_UPDATES = 30
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Where this package is imported from (a checkout or site-packages): the runs it starts import
+# the same one, through `python -m`, wherever the user runs ablate from.
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_COMMAND = ("-m", "multiformer_jax.train")
+
+
+def command_env(env=None) -> dict:
+  """`env` (default: this process's) with this package first on PYTHONPATH."""
+  env = dict(os.environ if env is None else env)
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+  return env
 
 
 def split_columns(splits) -> tuple[str, ...]:
@@ -288,12 +299,13 @@ def run_commands(commands: list[tuple[list[str], str]], jobs: int) -> list[int]:
   in this terminal. More: each on its own share of the CPUs (XLA's CPU thread pool follows the
   affinity; on one CPU, Eigen's threading is turned off), its output in its log."""
   if jobs == 1:
-    return [subprocess.run(cmd, check=False).returncode for cmd, _ in commands]
+    return [subprocess.run(cmd, check=False, env=command_env()).returncode
+            for cmd, _ in commands]
   codes = []
   for start in range(0, len(commands), jobs):
     running = []
     for (cmd, log_path), cpus in zip(commands[start:start + jobs], cpu_shares(jobs)):
-      env = dict(os.environ)
+      env = command_env()
       if len(cpus) == 1:
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
                             ).strip()
@@ -326,7 +338,7 @@ def windows_config(source: str, workdir: str) -> str:
       raise FileNotFoundError(f"windows: run {source} has no finished ST stage to analyse")
     subprocess.run([sys.executable, "-m", "multiformer_jax.analyze", "windows", "--workdir",
                     source, "--stage", "st", "--num_utterances", "400", "--out", out,
-                    "--config_out", path], check=True, cwd=REPO)
+                    "--config_out", path], check=True, env=command_env())
   return path
 
 
@@ -384,7 +396,7 @@ def main(argv=None):
         seed_set = f"train.seed={k},data.seed={k}" if args.seeds > 1 else ""
         variant = ",".join(x for x in (variant, args.arg, args.set, seed_set,
                                        "eval.after_training=true") if x)
-        cmd = [sys.executable, os.path.join(REPO, "run.py"), f"--config={path}:{variant}",
+        cmd = [sys.executable, *TRAIN_COMMAND, f"--config={path}:{variant}",
                f"--workdir={workdir}"]
         print("running:", " ".join(cmd), flush=True)
         commands.append((cmd, os.path.join(workdir, "run.log")))

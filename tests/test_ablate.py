@@ -34,13 +34,16 @@ def _fake_run(workdir, wer, bleu, splits=("tst-COMMON",), layout="12x(4*full)"):
 
 
 def _fake_subprocess(monkeypatch, scores, splits=("tst-COMMON",)):
-  """subprocess.run that records commands and, for run.py, writes the run of the next scores."""
+  """subprocess.run that records the training commands' arguments (after `python -m
+  multiformer_jax.train`) and writes the run of the next scores."""
   commands = []
 
-  def run(cmd, check):
-    commands.append(cmd)
-    if cmd[1].endswith("run.py"):
-      workdir = cmd[3][len("--workdir="):]
+  def run(cmd, check, env):
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == ablate.PACKAGE_ROOT
+    if tuple(cmd[1:3]) == ablate.TRAIN_COMMAND:
+      cmd = cmd[3:]
+      commands.append(cmd)
+      workdir = cmd[1][len("--workdir="):]
       _fake_run(workdir, *scores.pop(0), splits=splits)
     return subprocess.CompletedProcess(cmd, 0)
   monkeypatch.setattr(ablate.subprocess, "run", run)
@@ -52,10 +55,10 @@ def test_seeds_give_a_row_per_seed_and_their_mean_and_std(tmp_path, monkeypatch)
   commands = _fake_subprocess(monkeypatch, list(zip(wers, bleus)))
   ablate.main(["--configs", "configs/locality.py", "--workdir", str(tmp_path), "--seeds", "3",
                "--arg", "runlocal"])
-  assert [c[2] for c in commands] == [
+  assert [c[0] for c in commands] == [
       f"--config=configs/locality.py:runlocal,train.seed={k},data.seed={k},"
       f"eval.after_training=true" for k in (1, 2, 3)]
-  assert [c[3] for c in commands] == [f"--workdir={tmp_path}/locality/seed{k}"
+  assert [c[1] for c in commands] == [f"--workdir={tmp_path}/locality/seed{k}"
                                       for k in (1, 2, 3)]
   with open(tmp_path / "results.csv", encoding="utf-8") as f:
     rows = list(csv.DictReader(f))
@@ -97,7 +100,7 @@ def test_variants_windows_shared_stages_and_splits(tmp_path, monkeypatch):
   ablate.main(["--configs", "configs/layouts.py:full,windows(full)", "--workdir",
                str(tmp_path), "--seeds", "2", "--share_stages", "mt", "--splits",
                ",".join(splits)])
-  assert [c[2].split(",")[0] for c in commands] == [
+  assert [c[0].split(",")[0] for c in commands] == [
       "--config=configs/layouts.py:full", "--config=configs/layouts.py:full",
       f"--config={tmp_path}/windows_full/seed1/windows/config.py:train.seed=1",
       f"--config={tmp_path}/windows_full/seed2/windows/config.py:train.seed=2"]
@@ -150,7 +153,7 @@ def test_jobs_run_side_by_side_on_their_own_cpus(tmp_path):
 
 def test_a_windows_entry_without_its_source_run_fails_alone(tmp_path, monkeypatch):
   commands = []
-  monkeypatch.setattr(ablate.subprocess, "run", lambda cmd, check: (
+  monkeypatch.setattr(ablate.subprocess, "run", lambda cmd, check, env: (
       commands.append(cmd), subprocess.CompletedProcess(cmd, 1))[1])   # full's run fails
   ablate.main(["--configs", "configs/layouts.py:full,windows(full)", "--workdir",
                str(tmp_path)])
@@ -159,3 +162,15 @@ def test_a_windows_entry_without_its_source_run_fails_alone(tmp_path, monkeypatc
     rows = list(csv.DictReader(f))
   assert [r["status"][:22] for r in rows] == ["failed (exit 1)", "failed (windows: windo"]
   assert "has no finished ST stage to analyse" in rows[1]["status"]
+
+
+def test_the_training_command_it_starts_runs_from_any_directory(tmp_path):
+  """ablate starts `python -m multiformer_jax.train` with this package first on PYTHONPATH:
+  the run imports the same package wherever the user is (no checkout's run.py needed)."""
+  config = os.path.join(ablate.PACKAGE_ROOT, "configs", "s2t_v2.py")
+  environment = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  result = subprocess.run([sys.executable, *ablate.TRAIN_COMMAND, f"--config={config}",
+                           "--print_config"], cwd=tmp_path, env=ablate.command_env(environment),
+                          capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "name: s2t_multiformer_s_v2" in result.stdout
