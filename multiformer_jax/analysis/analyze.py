@@ -234,7 +234,6 @@ import json
 import ml_collections
 
 from multiformer_jax import schema
-from multiformer_jax.schema import sections
 
 ANALYSED_CONFIG = json.loads({json.dumps(json.dumps(config, indent=1))})
 ENCODER_LAYOUT = {layout!r}

@@ -40,8 +40,6 @@ def polynomial_decay_schedule(peak_lr: float, warmup: int, total: int, power: fl
   return schedule
 
 
-
-
 def make_schedule(stage_cfg):
   name = stage_cfg.lr_scheduler
   if name == "inverse_sqrt":
