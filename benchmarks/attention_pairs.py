@@ -1,7 +1,7 @@
 """local(129) and kernel(256) against their PyTorch references, on equal work, in alternating
 runs:
 
-    python benchmarks/attention_pairs.py --torch_python /tmp/torchenv/bin/python \
+    python -m benchmarks.attention_pairs --torch_python /tmp/torchenv/bin/python \
         --out_dir docs/benchmarks/cpu/attention_pairs [--rounds 6] [--n 4096]
 
 (/tmp/torchenv: torch, local-attention 1.11.2 and performer-pytorch 1.1.4, see
@@ -39,10 +39,10 @@ import tempfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from benchmarks.common import read_results  # noqa: E402
-from benchmarks.fairseq_pairs import check_pairs_args, ours_first  # noqa: E402
-from multiformer_jax.runtime import host_memory  # noqa: E402
+from benchmarks.report_format import verdict
+from benchmarks.common import read_results
+from benchmarks.fairseq_pairs import check_pairs_args, ours_first
+from multiformer_jax.runtime import host_memory
 
 HUGE_PAGES = "glibc.malloc.hugetlb=1"
 PAIRS = (("local(129)", "lucidrains_local(129)"), ("kernel(256)", "performer(256)"))
@@ -129,6 +129,41 @@ def pairs_environment(allocator: str) -> dict:
 
 def _rows(path: str) -> dict:
   return {row["kind"]: row for row in read_results(path)[1] if "seconds" in row}
+
+
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+PAIRS_SUMMARY = os.path.join("cpu", "attention_pairs", "summary.json")
+
+
+def report_targets(directory) -> list:
+  """The Targets rows against lucidrains and performer-pytorch: from one alternating run of
+  benchmarks/attention_pairs.py (equal work checked, both on the same allocator)."""
+  path = os.path.join(directory, PAIRS_SUMMARY)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    summary = json.load(f)
+  check, rounds, n = summary["check"], len(summary["rounds"]), summary["n"]
+  local, kernel = summary["local(129)"], summary["kernel(256)"]
+  speed = lambda s: (f"{s['median_ratio']:.2f}x ({s['median_ours_s']:.3f} vs "
+                     f"{s['median_peer_s']:.3f} s; median of {rounds} ABBA rounds, both on "
+                     f"{summary['glibc_tunables']}; rounds {s['min_ratio']:.2f}-"
+                     f"{s['max_ratio']:.2f}x)")
+  return [
+      [f"local(129) vs lucidrains local-attention (no rotary; outputs "
+       f"{check['local_max_abs_diff']:.1e} apart), n={n}: >= 1.5x faster",
+       speed(local),
+       verdict(local["median_ratio"] >= 1.5)],
+      [f"local(129) vs lucidrains, n={n}: <= 1/2 of its memory",
+       f"{local['memory_ratio']:.2f} (XLA temporaries vs its peak RSS growth)",
+       verdict(local["memory_ratio"] <= 0.5)],
+      [f"kernel(256) vs performer-pytorch (same estimator: outputs "
+       f"{check['kernel_same_features_max_abs_diff']:.1e} apart on its features), n={n}: "
+       ">= 3x faster",
+       speed(kernel),
+       verdict(kernel["median_ratio"] >= 3)],
+  ]
 
 
 def main(argv=None):

@@ -1,7 +1,7 @@
 """The share of each training stage's wall time spent compiling, with the persistent compilation
 cache cold and then warm:
 
-    python benchmarks/compile_share.py --config configs/quickstart.py \
+    python -m benchmarks.compile_share --config configs/quickstart.py \
         --out docs/benchmarks/compile_share.jsonl [--workdir /tmp/compile_share] [-- overrides]
 
 Runs `run.py --config=CONFIG` twice, both with `train.compilation_cache` set to an empty folder
@@ -25,8 +25,38 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-from benchmarks.common import Results, machine  # noqa: E402
+from benchmarks.report_format import command_line, load, machine_line, markdown_table, verdict
+from benchmarks.common import Results, machine
+
+
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  meta, rows = load(directory, "compile_share.jsonl")
+  if not rows:
+    return "", []
+  table = markdown_table(["compilation cache", "stage", "updates", "training loop s", "compiling s",
+                  "share"],
+                 [[r["cache"], r["stage"], r["updates"], r["wall_s"], r["compile_s"],
+                   f"{100 * r['compile_fraction']:.1f}%"] for r in rows])
+  note = f" Note: {meta['note']}." if meta.get("note") else ""
+  limits = {"cold": 0.25, "warm": 0.10}
+  targets = [[f"{meta['config']} {r['stage']} stage, compilation cache {r['cache']}: <= "
+              f"{100 * limits[r['cache']]:.0f}% of its wall time compiling",
+              f"{100 * r['compile_fraction']:.1f}% ({r['compile_s']} of {r['wall_s']} s)",
+              verdict(r["compile_fraction"] <= limits[r["cache"]])] for r in rows]
+  text = f"""## Compiling: the share of each stage's time
+
+Machine: {machine_line(meta)}. Command: `{command_line(meta['command'])}`: the main job's command of the
+date above (an older recipe than today's: the updates in the table) twice with an empty
+persistent compilation cache, the second run reading what the first wrote. Seconds of
+each stage's training loop (updates, dev loss, dev WER / BLEU decoding, checkpoints) and of
+those the seconds in tracing, lowering and XLA's compile or cache read (JAX's monitoring
+events; `compile_s` in the stage's DONE.json).{note}
+
+{table}
+"""
+  return text, targets
 
 
 def main(argv=None):

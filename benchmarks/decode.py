@@ -1,6 +1,6 @@
 """Beam search speed: the cached decoder against recomputing the prefix at every step.
 
-    python benchmarks/decode.py --out docs/benchmarks/decode.jsonl [--config s2t_transformer_s]
+    python -m benchmarks.decode --out docs/benchmarks/decode.jsonl [--config s2t_transformer_s]
         [--batch 8] [--frames 1000] [--tokens 50] [--beam 5]
 
 Both run the same `multiformer_jax.evaluation.decode.beam_search` (fairseq semantics) on the same model
@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine, time_call  # noqa: E402
+from benchmarks.report_format import command_line, load, machine_line, markdown_table, verdict
+from benchmarks.common import Results, machine, time_call
 from multiformer_jax import build_model, init_params
-from multiformer_jax.evaluation import decode  # noqa: E402
-from multiformer_jax.evaluation.inference import make_translate  # noqa: E402
-from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
+from multiformer_jax.evaluation import decode
+from multiformer_jax.evaluation.inference import make_beam_search
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 
 def make_recompute_translate(model, beam: int, tokens: int):
@@ -56,6 +55,31 @@ def make_recompute_translate(model, beam: int, tokens: int):
   return jax.jit(translate)
 
 
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  meta, rows = load(directory, "decode.jsonl")
+  if not rows:
+    return "", []
+  by = {r["variant"]: r for r in rows}
+  table = markdown_table(["variant", "seconds per batch", "sentences/s", "mean output tokens"],
+                 [[v, by[v]["seconds"], by[v]["sentences_per_s"], by[v]["mean_output_tokens"]]
+                  for v in ("cached", "recompute") if v in by])
+  speed = by["cached"]["sentences_per_s"] / by["recompute"]["sentences_per_s"]
+  same = by.get("check", {}).get("identical_hypotheses")
+  text = f"""## Beam search: cache against recomputing the prefix
+
+Machine: {machine_line(meta)}. Command: `{command_line(meta['command'])}`
+({meta['config']}, random weights, vocabulary 8000, {meta['batch']} utterances x
+{meta['frames']} frames, beam {meta['beam']}, {meta['tokens']} target tokens).
+Identical hypotheses from both: {same}.
+
+{table}
+"""
+  return text, [[f"beam {meta['beam']} with the cache vs recompute at {meta['tokens']} tokens: "
+                 ">= 3x", f"{speed:.1f}x", verdict(speed >= 3)]]
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="docs/benchmarks/decode.jsonl")
@@ -79,7 +103,7 @@ def main(argv=None):
   results = Results(args.out, {**machine(), **vars(args), "command": " ".join(sys.argv)})
   variants = {
       # max_len = 0 * frames + tokens: exactly `tokens` steps unless EOS comes first.
-      "cached": make_translate(model, args.beam, 1.0, 0.0, args.tokens),
+      "cached": make_beam_search(model, args.beam, 1.0, 0.0, args.tokens),
       "recompute": make_recompute_translate(model, args.beam, args.tokens),
   }
   outputs = {}

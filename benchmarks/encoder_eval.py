@@ -1,6 +1,6 @@
 """The encoder's evaluation forward with each attention implementation (model/attention/fused.py).
 
-    python benchmarks/encoder_eval.py --out docs/benchmarks/encoder_eval.jsonl \
+    python -m benchmarks.encoder_eval --out docs/benchmarks/encoder_eval.jsonl \
         [--config s2t_transformer_s] [--dtype bfloat16] [--batch 64] [--frames 1000] \
         [--implementations xla,cudnn]
 
@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 import jax
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine, time_call  # noqa: E402
-from multiformer_jax import build_model, init_params  # noqa: E402
-from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
+from benchmarks.common import Results, machine, time_call
+from multiformer_jax import build_model, init_params
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 
 def main(argv=None):

@@ -1,7 +1,7 @@
 """Paper configs trained end to end by run.py on a MuST-C-sized synthetic corpus: seconds per
 update against the isolated update, the time the loop waited for data, compile count and time.
 
-    python benchmarks/end_to_end.py --configs s2t_transformer_s,s2t_v2 --updates 120 \
+    python -m benchmarks.end_to_end --configs s2t_transformer_s,s2t_v2 --updates 120 \
         --gb 20 --out docs/benchmarks/gpu/end_to_end.jsonl [--corpus_dir /tmp/mustc_like]
 
 Writes the synthetic prepared corpus of benchmarks/input_pipeline.py (features written
@@ -26,9 +26,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine  # noqa: E402
-from benchmarks.input_pipeline import write_corpus  # noqa: E402
+from benchmarks.common import Results, machine
+from benchmarks.input_pipeline import write_corpus
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -71,7 +70,7 @@ def steady(rows: list[dict], skip: int) -> dict:
 
 def isolated(config: str, out: str, dtype: str) -> dict:
   """benchmarks/train_step.py's isolated update of `config` at 320 x 1000 frames."""
-  command = [sys.executable, "benchmarks/train_step.py", "--out", out, "--configs", config,
+  command = [sys.executable, "-m", "benchmarks.train_step", "--out", out, "--configs", config,
              "--dtype", dtype, "--batch", "320", "--frames", "1000", "--tokens", "50",
              "--steps", "10", "--peak_size", "8192", "--memory_configs="]
   subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)

@@ -1,7 +1,7 @@
 """Our trainer against fairseq 0.12.2's on a few hundred batches of the embedded corpus: the two
 loss curves in one figure (docs/fairseq.md), and where they part.
 
-    python benchmarks/fairseq_curve.py --prepared runs/quickstart/prepared \
+    python -m benchmarks.fairseq_curve --prepared runs/quickstart/prepared \
         --fairseq_python /tmp/fsenv/bin/python --out_dir docs/fairseq
 
 1. Writes the ASR training batches our pipeline assembles from the prepared corpus (utterance
@@ -26,9 +26,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from multiformer_jax.data import input_pipeline as ip  # pylint: disable=wrong-import-position
-from tests import test_fairseq_training as parity  # pylint: disable=wrong-import-position
+from multiformer_jax.data import input_pipeline as ip
+from tests import test_fairseq_training as parity
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 THRESHOLDS = (1e-5, 1e-4, 1e-3, 1e-2)
@@ -127,9 +126,10 @@ def main():
   batches_path = os.path.join(args.work_dir, "batches.npz")
   reference_path = os.path.join(args.work_dir, "fairseq.npz")
   vocab = write_batches(args.prepared, args.updates, args.max_frames, batches_path)
-  subprocess.run([args.fairseq_python, os.path.join(HERE, "fairseq_curve_reference.py"),
+  subprocess.run([args.fairseq_python, "-m", "benchmarks.fairseq_curve_reference",
                   "--batches", batches_path, "--out", reference_path,
-                  *(f"--{k}={v}" for k, v in RECIPE.items())], check=True)
+                  *(f"--{k}={v}" for k, v in RECIPE.items())], check=True,
+                 cwd=os.path.dirname(HERE))
   reference = dict(np.load(reference_path))
   data = np.load(batches_path)
   batches = [parity.our_batch({k: data[f"batch_{i}/{k}"]

@@ -2,7 +2,7 @@
 curve of that comparison. Run with a Python that has torch and fairseq 0.12.2
 (docs/notes/benchmarks-lab-notebook.md):
 
-    /tmp/fsenv/bin/python benchmarks/fairseq_curve_reference.py --batches /tmp/curve/batches.npz \
+    /tmp/fsenv/bin/python -m benchmarks.fairseq_curve_reference --batches /tmp/curve/batches.npz \
         --out /tmp/curve/fairseq.npz --lr 2e-3 --warmup_updates 100 --clip_norm 10
 
 The model is tests/fixtures/make_fairseq_training_fixture.py's tiny s2t_transformer (random in
@@ -14,15 +14,12 @@ norm.
 """
 
 import argparse
-import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures"))
-import make_fairseq_training_fixture as fixture  # pylint: disable=wrong-import-position
+from tests.fixtures import make_fairseq_training_fixture as fixture
 
 
 

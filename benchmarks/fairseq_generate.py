@@ -3,7 +3,7 @@
 with the same beam, length penalty and maximum length, in alternated rounds; the hypotheses of
 the two are compared line by line.
 
-    python benchmarks/fairseq_generate.py --fairseq_python /tmp/torchenv/bin/python \
+    python -m benchmarks.fairseq_generate --fairseq_python /tmp/torchenv/bin/python \
         --fairseq_root /tmp/fs_main --work /tmp/fairseq_generate \
         --out docs/benchmarks/fairseq_generate.jsonl [--sentences 100] [--rounds 2]
 
@@ -37,6 +37,8 @@ utterance's batch-mates: its subsampler convolves their padding, which this tool
 
 from __future__ import annotations
 
+from benchmarks.report_format import command_line, load, machine_line, markdown_table
+import statistics
 import argparse
 import json
 import os
@@ -157,6 +159,60 @@ def toolkit_evaluate(args, run: str) -> dict:
           "hypotheses": dict(zip(read("ids.txt"), read("hyp.txt")))}
 
 
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  """benchmarks/fairseq_generate.py: evaluate against fairseq-generate on equal work."""
+  meta, rows = load(directory, "fairseq_generate.jsonl")
+  if not rows:
+    return "", []
+  timed = [r for r in rows if r["round"] != "alone"]
+  alone = next(r for r in rows if r["round"] == "alone")
+  table = markdown_table(["round", "command", "sentences", "wall (s)", "sentences/s (wall)",
+                  "decoding loop (s)", "sentences/s (loop)", "hypotheses as fairseq's"],
+                 [[r["round"], r["command"], r["sentences"], r["wall_s"],
+                   r["sentences_per_s_wall"], r["loop_s"], r["sentences_per_s_loop"],
+                   r["identical_hypotheses"]] for r in timed])
+  ours, theirs = "multiformer_jax.evaluate", "fairseq-generate"
+  median = lambda key, keep: statistics.median(r[key] for r in timed if keep(r))
+  fairseq = lambda key: median(key, lambda r: r["command"] == theirs)
+  cold = lambda key: median(key, lambda r: r["command"] == ours and r["round"] == 1)
+  warm = lambda key: median(key, lambda r: r["command"] == ours and r["round"] != 1)
+  ratios = {name: (of("sentences_per_s_wall") / fairseq("sentences_per_s_wall"),
+                   of("sentences_per_s_loop") / fairseq("sentences_per_s_loop"))
+            for name, of in (("cold", cold), ("warm", warm))}
+  text = f"""## Evaluation against fairseq-generate
+
+Machine: {machine_line(meta)}, matmul peak {meta['matmul_peak_flops'] / 1e9:.1f} GFLOP/s measured in
+the same run. Command: `{command_line(meta['command'])}`. One s2t_transformer_s checkpoint made by
+fairseq (facebookresearch/fairseq main at 3d262bb2, torch 2.13.0+cpu, 2 threads; random
+weights, output projection x8, vocabulary 8000), imported here; {meta['sentences']} utterances
+of random features with MuST-C tst-COMMON's lengths; beam 5, lenpen 1, max length 50 tokens,
+batches of at most {meta['batch_frames']} frames; rounds alternate which command runs first.
+The loop time is fairseq's own "Translated N sentences in Xs" and evaluate's decode_s, which
+includes compiling its search programs in round 1 (cold: the run's compilation cache emptied)
+and loading them from that cache in the later rounds (warm).
+
+{table}
+
+evaluate / fairseq-generate, sentences/s (fairseq's median): warm {ratios['warm'][0]:.2f}x over
+the whole command, {ratios['warm'][1]:.2f}x in the decoding loop; cold {ratios['cold'][0]:.2f}x
+and {ratios['cold'][1]:.2f}x. Batched, fairseq's hypotheses depend on an utterance's
+batch-mates (its subsampler convolves their padding; this toolkit's re-zeroes it), so only
+some are the same; decoding one utterance per batch (`--batch-size 1`, {alone['wall_s']} s),
+fairseq gives evaluate's hypotheses for {alone['identical_hypotheses']} of {alone['sentences']}.
+"""
+  row = ["evaluate vs fairseq-generate, one imported checkpoint, the same split, beam, length "
+         "and batch frames (reported, no target)",
+         f"{warm('sentences_per_s_wall'):.2f} sentences/s warm ({ratios['warm'][0]:.2f}x), "
+         f"{cold('sentences_per_s_wall'):.2f} cold, fairseq {fairseq('sentences_per_s_wall'):.2f};"
+         f" hypotheses as fairseq's one by one: {alone['identical_hypotheses']}/"
+         f"{alone['sentences']} ({meta.get('cpu', '?')}, {meta.get('cpu_count', '?')} cores; "
+         f"[command and rounds](benchmarks/details.md#evaluation-against-fairseq-generate))",
+         "reported"]
+  return text, [row]
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--fairseq_python", required=True)
@@ -174,9 +230,8 @@ def main():
     make_checkpoint(*args.make_checkpoint)
     return
 
-  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   from benchmarks.common import Results, machine, matmul_peak  # pylint: disable=all
-  from multiformer_jax.import_fairseq import run as import_fairseq  # pylint: disable=all
+  from multiformer_jax.fairseq_checkpoints import run_writer  # pylint: disable=all
   from multiformer_jax import schema  # pylint: disable=all
   from multiformer_jax.runtime import checkpoints as ckpt_lib  # pylint: disable=all
   root, checkpoint = os.path.join(args.work, "en-de"), os.path.join(args.work, "checkpoint.pt")
@@ -189,7 +244,7 @@ def main():
                     checkpoint], env={**os.environ, "PYTHONPATH": args.fairseq_root},
                    check=True)
   if not os.path.exists(run):
-    import_fairseq.import_run(checkpoint, root, "st", run)
+    run_writer.import_run(checkpoint, root, "st", run)
   config = schema.load_config(run)
   with config.unlocked():
     config.eval.max_len_a, config.eval.max_len_b = 0.0, args.max_len_b

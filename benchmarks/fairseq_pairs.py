@@ -1,7 +1,7 @@
 """Our s2t_transformer_s update against fairseq's, in alternating runs (ABBA order), so that a
 machine whose speed drifts over minutes biases neither side:
 
-    python benchmarks/fairseq_pairs.py --rounds 6 --fairseq_python /tmp/fsenv/bin/python \
+    python -m benchmarks.fairseq_pairs --rounds 6 --fairseq_python /tmp/fsenv/bin/python \
         --out_dir docs/benchmarks/cpu/pairs
 
 Round i runs benchmarks/train_step.py (s2t_transformer_s only) and
@@ -21,8 +21,8 @@ import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from benchmarks.common import read_results  # noqa: E402
+from benchmarks.report_format import command_line, verdict
+from benchmarks.common import read_results
 
 
 def seconds_per_update(path: str) -> float:
@@ -45,6 +45,26 @@ def check_pairs_args(rounds: int, python: str, flag: str):
 def ours_first(round_index: int) -> bool:
   """ABBA: ours first in rounds 0, 3, 4, 7, 8, ..."""
   return round_index % 4 in (0, 3)
+
+
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+FAIRSEQ_PAIRS_SUMMARY = os.path.join("cpu", "2026-11-24-abba", "summary.json")
+
+
+def report_targets(directory) -> list:
+  """The Targets row against fairseq: one alternating run of benchmarks/fairseq_pairs.py."""
+  path = os.path.join(directory, FAIRSEQ_PAIRS_SUMMARY)
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    summary = json.load(f)
+  allocator = summary.get("fairseq_env") or "glibc's default malloc"
+  return [["s2t_transformer_s update vs fairseq 0.12.2: >= 1.2x faster",
+           f"{summary['median_ratio']:.2f}x (median of {len(summary['rounds'])} ABBA rounds, "
+           f"{summary['min_ratio']:.2f}-{summary['max_ratio']:.2f}x; ours on huge pages, fairseq "
+           f"on {allocator}, its faster allocator in the single runs below; "
+           f"`{command_line(summary['command'])}`)", verdict(summary["median_ratio"] >= 1.2)]]
 
 
 def main(argv=None):

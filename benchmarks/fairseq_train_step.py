@@ -2,7 +2,7 @@
 (the side-by-side reference). Run in an environment with torch and fairseq 0.12.2 (see
 tests/fixtures/make_fairseq_fixture.py for the Python 3.11 patch fairseq needs):
 
-    /tmp/fsenv/bin/python benchmarks/fairseq_train_step.py --out docs/benchmarks/fairseq_train_step.jsonl
+    /tmp/fsenv/bin/python -m benchmarks.fairseq_train_step --out docs/benchmarks/fairseq_train_step.jsonl
 
 One update = forward (dropout on), fairseq's label-smoothed NLL (eps 0.1), backward, clip-norm
 10, torch.optim.Adam (fairseq's own Adam adds eps before the bias correction instead of after:

@@ -1,7 +1,7 @@
 """Softmax attention with attention dropout: our Pallas kernel (model/attention/flash.py) against
 the dense softmax with its dropout mask in memory, fwd+bwd, and how far their results differ.
 
-    python benchmarks/flash_dropout.py --out docs/benchmarks/flash_dropout.jsonl \
+    python -m benchmarks.flash_dropout --out docs/benchmarks/flash_dropout.jsonl \
         [--shapes 320x250,8x4096] [--heads 4] [--head_dim 64] [--rate 0.1] [--dtype bfloat16]
 
 Per shape (batch x length, self-attention with the key masks of lengths from `length` down to
@@ -17,19 +17,17 @@ the script on a CPU).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine, time_call  # noqa: E402
-from multiformer_jax.model import dropout as dropout_lib  # noqa: E402
-from multiformer_jax.model.attention.flash import flash_attention  # noqa: E402
-from multiformer_jax.model.attention.full import attention_weights  # noqa: E402
-from multiformer_jax.model.attention.fused import prefix_key_attention  # noqa: E402
+from benchmarks.common import Results, machine, time_call
+from multiformer_jax.model import dropout as dropout_lib
+from multiformer_jax.model.attention.flash import flash_attention
+from multiformer_jax.model.attention.full import attention_weights
+from multiformer_jax.model.attention.fused import prefix_key_attention
 
 
 def dense(q, k, v, key_mask, rate, rng):

@@ -48,16 +48,16 @@ S=s2t_transformer_s
 
 update() {
   echo "== update: $S, batch 320 x 1000 frames, trace and HLO"
-  python3 benchmarks/train_step.py --out "$OUT/train_step.jsonl" $STEP --configs $S \
+  python3 -m benchmarks.train_step --out "$OUT/train_step.jsonl" $STEP --configs $S \
       --trace_dir /tmp/trace
-  python3 benchmarks/trace_summary.py /tmp/trace 60 > "$OUT/trace_top.txt"
+  python3 -m benchmarks.trace_summary /tmp/trace 60 > "$OUT/trace_top.txt"
   cp /tmp/trace/$S.hlo.txt.gz "$OUT/"
   find /tmp/trace -name perfetto_trace.json.gz -exec cp {} "$OUT/" \;
 }
 
 attention() {
   echo "== attention, bf16, fwd+bwd, batch 8, 4 x 64, against cuDNN"
-  python3 benchmarks/attention.py --out "$OUT/attention.jsonl" --dtype bfloat16 \
+  python3 -m benchmarks.attention --out "$OUT/attention.jsonl" --dtype bfloat16 \
       --lengths "${LENGTHS:-1024,4096,8192}" --max_dense_n 8192 \
       --only "full,cudnn_full,dense_masked(129),cudnn_masked(129),local(129),kernel(256),full/blockwise(512)"
 }
@@ -65,45 +65,45 @@ attention() {
 variants() {
   echo "== variants: as is; no attention dropout, our softmax; the same through cuDNN"
   local no_dropout="$S@attention_dropout=0.0;attention_implementation"
-  python3 benchmarks/train_step.py --out "$OUT/train_step_variants.jsonl" $STEP \
+  python3 -m benchmarks.train_step --out "$OUT/train_step_variants.jsonl" $STEP \
       $FLOPS --configs "$S,$no_dropout=xla,$no_dropout=cudnn"
 }
 
 layer_norm() {
   echo "== layer_norm: as is, without XLA's cuDNN layer-norm rewrite"
-  XLA_FLAGS="--xla_gpu_enable_cudnn_layer_norm=false" python3 benchmarks/train_step.py \
+  XLA_FLAGS="--xla_gpu_enable_cudnn_layer_norm=false" python3 -m benchmarks.train_step \
       --out "$OUT/train_step_no_cudnn_layer_norm.jsonl" $STEP $FLOPS --configs $S
 }
 
 encoder() {
   echo "== encoder: evaluation forward, batch 64 x 1000 frames (down to 500), xla vs cudnn"
-  python3 benchmarks/encoder_eval.py --out "$OUT/encoder_eval.jsonl" --dtype bfloat16 \
+  python3 -m benchmarks.encoder_eval --out "$OUT/encoder_eval.jsonl" --dtype bfloat16 \
       --batch ${EVAL_BATCH:-64} --frames ${FRAMES:-1000} --implementations xla,cudnn
 }
 
 flash() {
   echo "== flash: attention with dropout 0.1, fwd+bwd, Pallas kernel vs dense vs cuDNN (no dropout)"
-  python3 benchmarks/flash_dropout.py --out "$OUT/flash_dropout.jsonl" \
+  python3 -m benchmarks.flash_dropout --out "$OUT/flash_dropout.jsonl" \
       --shapes "${FLASH_SHAPES:-320x250,8x1024,8x4096}"
 }
 
 flash_update() {
   echo "== flash_update: attention dropout through the dense softmax, then the Pallas kernel"
-  python3 benchmarks/train_step.py --out "$OUT/train_step_flash.jsonl" $STEP $FLOPS \
+  python3 -m benchmarks.train_step --out "$OUT/train_step_flash.jsonl" $STEP $FLOPS \
       --configs "$S@attention_implementation=xla,$S@attention_implementation=flash"
 }
 
 loader() {
   echo "== loader: ${LOADER_GB:-20} GB of MuST-C-like features, 320k-frame batches"
   local all=$(( $(nproc) - 1 ))
-  python3 benchmarks/input_pipeline.py --gb "${LOADER_GB:-20}" --corpus_dir "$CORPUS" --keep \
+  python3 -m benchmarks.input_pipeline --gb "${LOADER_GB:-20}" --corpus_dir "$CORPUS" --keep \
       --reuse --workers "${LOADER_WORKERS:-0,4,8,$all}" --batches "${LOADER_BATCHES:-40}" \
       --out "$OUT/input_pipeline.jsonl"
 }
 
 end_to_end() {
   echo "== end_to_end: run.py on the synthetic corpus, ${UPDATES:-120} updates of 320k frames"
-  python3 benchmarks/end_to_end.py --configs "${E2E_CONFIGS:-s2t_transformer_s,s2t_v2}" \
+  python3 -m benchmarks.end_to_end --configs "${E2E_CONFIGS:-s2t_transformer_s,s2t_v2}" \
       --updates "${UPDATES:-120}" --gb "${LOADER_GB:-20}" --corpus_dir "$CORPUS" --isolated \
       --out "$OUT/end_to_end.jsonl" ${E2E_FLAGS:-}
 }

@@ -1,6 +1,6 @@
 """Memory and load time of a corpus index at MuST-C's size, in both forms it comes in.
 
-    python benchmarks/index_scale.py --segments 250000 --out docs/benchmarks/cpu/index_scale.jsonl
+    python -m benchmarks.index_scale --segments 250000 --out docs/benchmarks/cpu/index_scale.jsonl
 
 Writes a synthetic fairseq data root (MuST-C En-De's shape: 250k segments, transcripts and
 translations of MuST-C-like lengths; the manifest's rows point at a few hundred short .npy
@@ -34,8 +34,8 @@ import zipfile
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from benchmarks.common import machine  # noqa: E402
+from benchmarks.report_format import command_line, load, machine_line, markdown_table, verdict
+from benchmarks.common import machine
 
 WORDS = ("the of and to a in that is it we you this for are on with was so they have be not "
          "what can about there our but people like all just one do more from at think know "
@@ -145,7 +145,6 @@ def mustc_form(root: str, out: str) -> str:
 
 MEASURE = r"""
 import json, sys, time
-sys.path.insert(0, {repo!r})
 start = time.perf_counter()
 what, directory, task = {what!r}, {directory!r}, {task!r}
 if what == "prepare_main":
@@ -181,8 +180,48 @@ def measure(what: str, directory: str, task: str = "", root: str = "") -> dict:
   code = MEASURE.format(repo=os.path.dirname(HERE), what=what, directory=directory, stage=task,
                         root=root)
   out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                       text=True).stdout
+                       text=True, cwd=os.path.dirname(HERE)).stdout
   return json.loads(out.strip().split("\n")[-1])
+
+
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  """benchmarks/index_scale.py: a 250k-segment index in fairseq's form and prepare's."""
+  meta, rows = load(directory, os.path.join("cpu", "index_scale.jsonl"))
+  if not rows:
+    return "", []
+  segments = rows[-1]["segments"]
+  rows = [r for r in rows if r["segments"] == segments]
+  by = {r["measure"]: r for r in rows}
+  if not meta:                        # each row carries its machine and command
+    meta = {**rows[-1].get("machine", {}), "command": rows[-1].get("command", "")}
+  what = {"fairseq_index": "fairseq root -> index (data_prep.fairseq_data.write_index)",
+          "fairseq_st": "ST training split loaded + batch plan, fairseq root",
+          "fairseq_asr": "ASR training split loaded + batch plan, fairseq root",
+          "prepare_st": "ST training split loaded + batch plan, prepare's index",
+          "prepare_main": "data_prep.prepare's main process: segment lists read, shards "
+                          "planned, the index built from the shards' sidecars"}
+  table = markdown_table(["process", "peak resident memory (MiB)", "wall (s)"],
+                 [[what[m], by[m]["peak_rss_mib"], by[m]["seconds"]] for m in what if m in by])
+  loads = [m for m in ("fairseq_st", "fairseq_asr", "prepare_st") if m in by]
+  together = sum(by[m]["peak_rss_mib"] for m in by)
+  slowest = max(by[m]["seconds"] for m in loads)
+  text = f"""## Index at MuST-C's size
+
+Machine: {machine_line(meta)}. Command: `{command_line(meta.get("command", ""))}`. A synthetic fairseq
+root of {segments:,} training segments (MuST-C En-De has 229k; transcripts of MuST-C-like
+lengths) whose rows point at a few hundred short entries of one fbank80.zip: the index is what
+grows with the corpus. Each process is measured alone (peak resident memory, VmHWM); they
+run one at a time, and the target adds them all.
+
+{table}
+"""
+  return text, [
+      [f"every index process together at {segments:,} segments: <= 1.5 GiB",
+       f"{together / 1024:.2f} GiB", verdict(together <= 1.5 * 1024)],
+      [f"a split's load at {segments:,} segments: <= 30 s on 2 cores", f"{slowest:.1f} s",
+       verdict(slowest <= 30)]]
 
 
 def main(argv=None):
@@ -213,7 +252,7 @@ def main(argv=None):
   with open(args.out, "a", encoding="utf-8") as f:
     for row in rows:
       row = {"benchmark": "index_scale", "segments": args.segments, **row, "machine": info,
-             "command": " ".join(["python", "benchmarks/index_scale.py"] + (argv or sys.argv[1:]))}
+             "command": " ".join(["python", "-m", "benchmarks.index_scale"] + (argv or sys.argv[1:]))}
       print(json.dumps(row))
       f.write(json.dumps(row) + "\n")
   if not args.workdir:

@@ -1,7 +1,7 @@
 """The layout ablation's cost per layout: seconds and FLOPs of one update, and the encoder's
 evaluation throughput, of configs/layout_ablation.py's model with each encoder layout.
 
-    python benchmarks/layouts.py --out docs/benchmarks/layouts.jsonl \
+    python -m benchmarks.layouts --out docs/benchmarks/layouts.jsonl \
         [--layouts full,local,kernel,conv,mixed] \
         [--extra 'windows=2x(4*full) 1x(4*local(9)) ...']
 
@@ -17,18 +17,16 @@ peak is measured in the same run (utilisation = FLOPs / seconds / peak).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, lowered_flops, machine, matmul_peak, time_call  # noqa: E402
-from benchmarks.train_step import make_batch, model_flops, setup  # noqa: E402
-from configs import layout_ablation  # noqa: E402
-from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
+from benchmarks.common import Results, lowered_flops, machine, matmul_peak, time_call
+from benchmarks.train_step import make_batch, model_flops, setup
+from configs import layout_ablation
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 
 def layout_config(name: str, layout: str | None = None):

@@ -1,6 +1,6 @@
 """Page faults and time of XLA:CPU steps with glibc's default malloc and with huge pages.
 
-    python benchmarks/page_faults.py --out docs/benchmarks/page_faults.jsonl [--mib 128]
+    python -m benchmarks.page_faults --out docs/benchmarks/page_faults.jsonl [--mib 128]
 
 Runs the same child twice, with MULTIFORMER_HUGE_PAGES=0 (glibc's defaults) and with
 GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (what the entry points set up,
@@ -18,8 +18,8 @@ import os
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine  # noqa: E402
+from benchmarks.report_format import command_line, load, markdown_table
+from benchmarks.common import Results, machine
 
 CHILD = r"""
 import json, resource, statistics, sys, time
@@ -46,6 +46,26 @@ out = np.empty_like(a)
 measure("numpy multiply into a preallocated output", lambda: np.multiply(a, 2.0, out=out))
 print(json.dumps(rows))
 """
+
+
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  meta, rows = load(directory, "page_faults.jsonl")
+  if not rows:
+    return "", []
+  table = markdown_table(["malloc", "operation", "ms per call", "page faults per call"],
+                 [[r["setting"], r["op"], r["ms"], r["faults_per_call"]] for r in rows])
+  text = f"""## Huge pages: page faults of XLA:CPU buffers
+
+Command: `{command_line(meta['command'])}` ({meta['cpu_count']} cores). One call on a
+{meta['mib']} MiB float32 array, median of {meta['repeats']}; "glibc defaults" is a process
+with MULTIFORMER_HUGE_PAGES=0, the other what the entry points set up
+(`multiformer_jax/runtime/host_memory.py`).
+
+{table}
+"""
+  return text, []
 
 
 def main(argv=None):

@@ -1,6 +1,6 @@
 """Data at scale: streaming preparation of an N-hour corpus, and the training input pipeline.
 
-    python benchmarks/prepare.py --hours 1,10 --workers 2 --out docs/benchmarks/prepare.jsonl \
+    python -m benchmarks.prepare --hours 1,10 --workers 2 --out docs/benchmarks/prepare.jsonl \
         [--corpus_dir /tmp/synthetic_mustc] [--keep]
 
 For each size: builds a synthetic MuST-C-layout En-De corpus (30-minute talks of 10-second
@@ -27,8 +27,8 @@ import time
 import numpy as np
 import soundfile
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine  # noqa: E402
+from benchmarks.report_format import command_line, load, machine_line, markdown_table, verdict
+from benchmarks.common import Results, machine
 
 TALK_SECONDS = 1800
 SEGMENT_SECONDS = 10.0
@@ -39,7 +39,6 @@ H100_UPDATE_S, THESIS_UPDATE_FRAMES = 0.1, 320_000
 
 MEASURE = """
 import json, resource, sys, time
-sys.path.insert(0, {repo!r})
 from data_prep import prepare
 write_index, marks = prepare.write_split_index, {{}}
 def timed_write_index(*args, **kwargs):   # the features -> shards phase ends at the first
@@ -111,6 +110,39 @@ def time_pipeline(prepared: str, workers: int, batches: int) -> dict:
           "frames_per_s": frames / seconds}
 
 
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  """benchmarks/prepare.py: streaming preparation of a 1 h and a 10 h synthetic corpus."""
+  meta, rows = load(directory, os.path.join("cpu", "prepare.jsonl"))
+  runs = {r["hours"]: r for r in rows if r.get("kind") == "prepare"}
+  if len(runs) < 2:
+    return "", []
+  small, large = runs[min(runs)], runs[max(runs)]
+  table = markdown_table(
+      ["corpus", "segments", "wall (s)", "audio s / s / worker", "main process peak (MiB)",
+       "largest worker peak (MiB)", "written (MB)"],
+      [[f"{r['hours']:g} h", r["segments"], r["wall_s"], r["audio_s_per_s_per_worker"],
+        r["main_peak_rss_mib"], r["worker_peak_rss_mib"], round(r["prepared_bytes"] / 1e6)]
+       for r in (small, large)])
+  text = f"""## Preparation at scale
+
+Machine: {machine_line(meta)}. Command: `{command_line(meta.get("command", ""))}`. Synthetic MuST-C
+layout corpora (30-minute talks of 10-second segments, tones and noise at 16 kHz) prepared by
+`data_prep.prepare` with {large["workers"]} workers; peak resident memory of the main process
+(VmHWM) and of the largest worker.
+
+{table}
+"""
+  targets = []
+  for name, key in (("main process", "main_peak_rss_mib"), ("largest worker", "worker_peak_rss_mib")):
+    growth = large[key] / small[key] - 1
+    targets.append([f"prepare's {name}, {large['hours']:g} h corpus: peak within 10 % of the "
+                    f"{small['hours']:g} h one's", f"{100 * growth:+.1f} % ({small[key]} -> "
+                    f"{large[key]} MiB)", verdict(growth <= 0.10)])
+  return text, targets
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--hours", default="1,10")
@@ -131,7 +163,7 @@ def main(argv=None):
     build_s = time.time() - start
     code = MEASURE.format(repo=repo, root=root, out=out, workers=args.workers)
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+                         check=True, cwd=repo)
     measured = json.loads(run.stdout.strip().splitlines()[-1])
     audio_hours = (sizes["train"]["audio_s"] + sizes["dev"]["audio_s"]) / 3600
     row = {"kind": "prepare", "hours": hours, "audio_hours": round(audio_hours, 3),

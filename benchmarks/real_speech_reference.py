@@ -9,7 +9,7 @@ Not a peer on equal work: it trained on real people, the toolkit's model on synt
 game's cast. pocketsphinx is not among the project's requirements:
 
     .venv/bin/pip install pocketsphinx
-    python benchmarks/real_speech_reference.py --root data/embedded_en_es --pair en-es \
+    python -m benchmarks.real_speech_reference --root data/embedded_en_es --pair en-es \
         --splits dev-real,tst-real --out docs/benchmarks/real_speech_reference.jsonl
 """
 
@@ -18,13 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from data_prep import audio, corpora  # noqa: E402
-from multiformer_jax.evaluation import metrics  # noqa: E402
+from data_prep import audio, corpora
+from multiformer_jax.evaluation import metrics
 
 
 def decode_split(root: str, pair: str, split: str) -> tuple[list[str], list[str]]:

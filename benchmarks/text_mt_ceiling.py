@@ -1,6 +1,6 @@
 """What a config's ST decoder reaches when it reads the source text instead of speech.
 
-    python benchmarks/text_mt_ceiling.py --config configs/quickstart.py \
+    python -m benchmarks.text_mt_ceiling --config configs/quickstart.py \
         --out docs/quickstart/text_mt_ceiling.json [--updates 3000 --dropout 0.3]
 
 Trains the MT stage (multiformer_jax/training/mt_stage.py, through the stage loop: the source's
@@ -24,13 +24,12 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from benchmarks.common import machine  # noqa: E402
-from data_prep.common.cli_errors import load_config_file  # noqa: E402
-from multiformer_jax.evaluation.metrics import corpus_bleu  # noqa: E402
-from multiformer_jax.data import text_pairs as tp  # noqa: E402
-from multiformer_jax.training import mt_stage, train, transfer  # noqa: E402
-from multiformer_jax.training.parallel import DataParallel  # noqa: E402
+from benchmarks.common import machine
+from multiformer_common.cli_errors import load_config_file
+from multiformer_jax.evaluation.metrics import corpus_bleu
+from multiformer_jax.data import text_pairs as tp
+from multiformer_jax.training import mt_stage, train, transfer
+from multiformer_jax.training.parallel import DataParallel
 
 
 def main(argv=None):

@@ -8,7 +8,7 @@ torch is not a dependency of multiformer-jax):
         local-attention==1.11.2 performer-pytorch==1.1.4
 (torch 2.13.0's CPU wheel lies on the project machines' disk; a plain `torch` pulls a CUDA
 build of several GB.)
-    /tmp/torchenv/bin/python benchmarks/torch_attention.py --out docs/benchmarks/torch_attention.jsonl
+    /tmp/torchenv/bin/python -m benchmarks.torch_attention --out docs/benchmarks/torch_attention.jsonl
 
 Each (kind, n) runs in a fresh subprocess, so its memory figure is the growth of the peak
 resident set over the inputs (ru_maxrss after fwd+bwd minus before), the closest CPU analogue

@@ -1,7 +1,7 @@
 """Where the time of a profiled step went: total duration per event name, per thread or GPU
 stream, from the perfetto trace that `train_step.py --trace_dir DIR` writes.
 
-    python benchmarks/trace_summary.py DIR [top]
+    python -m benchmarks.trace_summary DIR [top]
 
 DIR is searched for perfetto_trace.json.gz (or give the file). For each thread / stream with
 more than 1 ms of events: the summed and spanned milliseconds, the event count and the `top`

@@ -1,6 +1,6 @@
 """Training-step throughput and memory of whole models.
 
-    python benchmarks/train_step.py --out docs/benchmarks/train_step.jsonl \
+    python -m benchmarks.train_step --out docs/benchmarks/train_step.jsonl \
         [--configs s2t_transformer_s,s2t_v2,h_lc_nodown,multiformer_s_nodown]
 
 For each config (vocabulary 8000, dropout as configured): one full update (fwd + bwd + clip
@@ -35,17 +35,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,  # noqa: E402
+from benchmarks.report_format import (allocator, command_line, load, machine_line, markdown_table,
+                                      options_cell, verdict)
+from benchmarks import fairseq_pairs
+from benchmarks.common import (Results, executable_stats, local_heads_in_one_chunk,
                                lowered_flops, machine, matmul_peak, read_results)
 from multiformer_jax import build_model
 from multiformer_jax.training import optimizer
 from multiformer_jax.training import steps
-from multiformer_jax.model import dropout as dropout_lib  # noqa: E402
-from multiformer_jax.model.model_config import DROPOUT_RATES  # noqa: E402
-from multiformer_jax.training.parallel import DataParallel  # noqa: E402
-from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
+from multiformer_jax.model import dropout as dropout_lib
+from multiformer_jax.model.model_config import DROPOUT_RATES
+from multiformer_jax.training.parallel import DataParallel
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 
 def make_batch(batch: int, frames: int, tokens: int, input_dim: int, vocab: int):
@@ -111,11 +113,12 @@ def flops_on_cpu(spec: str, args) -> float:
   C API that the CUDA plugin uses)."""
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "flops.jsonl")
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--flops_only", "--configs", spec,
+    subprocess.run([sys.executable, "-m", "benchmarks.train_step", "--flops_only", "--configs", spec,
                     "--out", out, "--dtype", args.dtype, "--batch", str(args.batch),
                     "--frames", str(args.frames), "--tokens", str(args.tokens)],
                    env={**os.environ, "JAX_PLATFORMS": "cpu"}, check=True,
-                   stdout=subprocess.DEVNULL)
+                   stdout=subprocess.DEVNULL,
+                   cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return read_results(out)[1][0]["flops"]
 
 
@@ -128,6 +131,131 @@ def memory_options(model) -> dict:
 def step_stats(step, state, batch) -> dict:
   """executable_stats of one update of update_freq 1 (apply_update and first_micro)."""
   return executable_stats(step.single.function.lower(state, batch).compile())
+
+
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+HIGHEST_H200_PEAK = 655e12   # the highest bf16 matmul peak read on an H200 (2026-11-26)
+
+
+GPU_UPDATE_RUN = os.path.join("gpu", "2026-11-26-flash", "train_step_flash.jsonl")
+
+
+QUICKSTART_UPDATE_RUNS = os.path.join("cpu", "2026-11-26-tcmalloc")
+
+
+def report_section(directory):
+  meta, rows = load(directory, "train_step.jsonl")
+  if not rows:
+    return "", []
+  _, fairseq_rows = load(directory, "fairseq_train_step.jsonl")
+  _, fairseq_huge = load(directory, "fairseq_train_step_hugepages.jsonl")
+  timed = [r for r in rows if "frames_per_s" in r]
+  memory = [r for r in rows if "total_bytes" in r]
+  peak = meta["matmul_peak_flops"]
+  table = markdown_table(["config", "encoder layout", "options", "s/step", "frames/s", "GFLOP/step",
+                  "utilisation", "compile s", "host page faults / kernel CPU s per step",
+                  "cores busy (user CPU s / s)"],
+                 [[r["config"], f"`{r['layout']}`", options_cell(r), r["seconds"],
+                   r["frames_per_s"],
+                   f"{r['flops'] / 1e9:.0f}", f"{100 * r['utilisation']:.1f}%", r["compile_s"],
+                   f"{r['page_faults_per_step']} / {r['kernel_cpu_s_per_step']}"
+                   if "page_faults_per_step" in r else "—",
+                   f"{r['user_cpu_s_per_step'] / r['seconds']:.2f}"
+                   if "user_cpu_s_per_step" in r else "—"]
+                  for r in timed])
+  fairseq_text = ""
+  targets = []
+  ours = next((r for r in timed if r["config"] == "s2t_transformer_s"), None)
+  fairseq_runs = [(runs[0], label) for runs, label in (
+      (fairseq_rows, ""), (fairseq_huge, " (fairseq also on huge pages)")) if runs]
+  same_run_fairseq = []   # (fairseq frames/s, ours / fairseq, label) measured after this run
+  for fs, label in fairseq_runs:
+    fairseq_text += (f"\nfairseq 0.12.2 (torch {fs['torch']}, {fs['threads']} threads, "
+                     f"{allocator(fs)}), same "
+                     f"batch: {fs['seconds']} s/step, {fs['frames_per_s']} frames/s, measured "
+                     f"{fs.get('date', 'earlier')}"
+                     + (" right after the run above" if fs.get("peak") == peak else
+                        ", in another run than the one above")
+                     + f". Command: `/tmp/fsenv/bin/{command_line(fs['command'])}` (a torch + fairseq "
+                     "environment; how to build it: docs/notes/benchmarks-lab-notebook.md).\n")
+    if ours:
+      ratio = ours["frames_per_s"] / fs["frames_per_s"]
+      same_run = fs.get("date") == meta.get("date") and fs.get("peak") == peak
+      if same_run:
+        fairseq_text += (f"fairseq's utilisation with the same FLOP count: "
+                         f"{100 * ours['flops'] / fs['seconds'] / peak:.1f}%; "
+                         f"s2t_transformer_s here / fairseq: {ratio:.2f}x.\n")
+        same_run_fairseq.append((fs["frames_per_s"], ratio, label))
+  targets += fairseq_pairs.report_targets(directory)
+  if ours:
+    targets.append(["s2t_transformer_s train step >= 60% of the matmul peak",
+                    f"{100 * ours['utilisation']:.1f}%", verdict(ours["utilisation"] >= 0.6)])
+  mem_table = markdown_table(["config", "encoder layout", "options", "batch", "XLA temporaries GiB",
+                      "total compiled GiB"],
+                     [[r["config"], f"`{r['layout']}`", options_cell(r), r["memory_batch"],
+                       f"{r['temp_bytes'] / 2 ** 30:.2f}", r["total_gib"]] for r in memory])
+  for r in memory:
+    if "nodown" in r["config"] and "transformer" not in r["config"]:
+      targets.append([f"{r['config']} ({options_cell(r)}): a 20 000-frame batch within 11 GiB",
+                      f"{r['total_gib']} GiB", verdict(r["total_gib"] <= 11)])
+  text = f"""## Training step
+
+Machine: {machine_line(meta)}; JAX with {allocator(meta)}; measured fp32 matmul peak
+{peak / 1e9:.1f} GFLOP/s (2048^2 matmul, same script). Command: `{command_line(meta['command'])}`.
+Batch {meta['batch']} x {meta['frames']} frames, {meta['tokens']} target tokens, vocabulary
+8000, dropout as configured, one full update (fwd + bwd + clip + Adam);
+utilisation = XLA FLOPs of the step / step time / measured peak, where the FLOPs are the
+model's (the same step compiled with the dense softmax and the unchunked FFN: XLA counts a
+loop body once, and the backward's recomputation is not model work). "options" are the
+memory options (`model.key_block_size`, `model.ffn_token_chunk`; their default, -1, is 512 on
+CPU and 0, the dense softmax, on GPU for the first, and 0, the unchunked FFN, everywhere for the
+second since 2026-11-24; rows measured before that ran 1024-token chunks on CPU).
+
+{table}
+{fairseq_text}
+Compiled memory of one update on {memory[0]['memory_batch'] if memory else '?'} (compile only,
+`memory_analysis`: temporaries + arguments + outputs - aliased):
+
+{mem_table}
+"""
+  return text, targets
+
+
+def utilisation_targets(directory) -> list:
+  """The issue's utilisation targets measured outside the generated sections: the quickstart's
+  CPU update (alternated runs with and without tcmalloc, docs/notes/benchmarks-lab-notebook.md) and the
+  s2t_transformer_s update on a GPU as configured."""
+  targets = []
+  runs = os.path.join(directory, QUICKSTART_UPDATE_RUNS)
+  if os.path.isdir(runs):
+    by_allocator = {"tcmalloc": [], "glibc": []}
+    for name in sorted(os.listdir(runs)):
+      if name.startswith("quickstart_tcmalloc") and name.endswith(".jsonl"):
+        meta, rows = read_results(os.path.join(runs, name))
+        allocator = "tcmalloc" if "tcmalloc" in meta.get("ld_preload", "") else "glibc"
+        by_allocator[allocator] += [r["utilisation"] for r in rows if "utilisation" in r]
+    with_tc, without = by_allocator["tcmalloc"], by_allocator["glibc"]
+    if with_tc:
+      targets.append([
+          "quickstart update (batch 28 x 208 frames, the ASR and ST stages' vocabularies): "
+          ">= 40% of the matmul peak",
+          f"{min(with_tc):.1%}-{max(with_tc):.1%} with tcmalloc preloaded ({len(with_tc)} runs); "
+          f"{min(without):.1%}-{max(without):.1%} on glibc's malloc ({len(without)} runs); "
+          "`--steps 40`, alternated", verdict(min(with_tc) >= 0.40) + " with tcmalloc"])
+  meta, rows = load(directory, GPU_UPDATE_RUN)
+  flash = [r for r in rows if r.get("config", "").endswith("attention_implementation=flash")]
+  if flash:
+    row = flash[0]
+    of_highest = row["flops"] / row["seconds"] / HIGHEST_H200_PEAK
+    targets.append([
+        "s2t_transformer_s update on a GPU (bf16, batch 320 x 1000, attention dropout as "
+        "configured): >= 35% of the matmul peak",
+        f"{row['utilisation']:.1%} of the peak measured in the same call on an "
+        f"{meta.get('device', 'GPU')} ({row['seconds']} s per update; that peak read low: "
+        f"{of_highest:.1%} of the highest reading, {HIGHEST_H200_PEAK / 1e12:.0f} TFLOP/s)",
+        verdict(row["utilisation"] >= 0.35)])
+  return targets
 
 
 def main(argv=None):

@@ -1,16 +1,16 @@
 """`translate` on a folder of recordings against evaluation of the same split, warm; its memory
 over 1000 files; long recordings cut at pauses against their sentences decoded one by one.
 
-    python benchmarks/translate.py --workdir runs/quickstart \
+    python -m benchmarks.translate --workdir runs/quickstart \
         --out docs/benchmarks/cpu/translate.jsonl
 
 1. The split's utterances (default tst-COMMON of the run's corpus) are written as 16-bit wav
    files, one per utterance, as a user's recordings would be.
 2. Evaluation decodes the split with both stages (`evaluate_stage`), twice: the second, warm
    decode time is the reference (it reads prepared features).
-3. `FileTranslator` decodes the wav files (reading, fbank, CMVN and both stages), a warm-up
+3. `FileDecoder` decodes the wav files (reading, fbank, CMVN and both stages), a warm-up
    pass and then a timed one; target: at most 1.5x evaluation's time.
-4. The same translator decodes 1000 files (the wav files over and over); resident memory over
+4. The same decoder decodes 1000 files (the wav files over and over); resident memory over
    the first 100 and over the last 100 files (each window's floor: it swings by a few hundred
    MiB with the bucket of the batch just decoded), and its peak; target: within 10 %.
 5. Long recordings: consecutive utterances joined with pauses of 0.3-0.8 s into files of about
@@ -28,19 +28,19 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import numpy as np  # pylint: disable=wrong-import-position
-import soundfile  # pylint: disable=wrong-import-position
+import numpy as np
+import soundfile
 
-from benchmarks import common  # pylint: disable=wrong-import-position
-from data_prep import corpora  # pylint: disable=wrong-import-position
-from data_prep.audio import SAMPLE_RATE, cut_segment, load_audio  # noqa: E402
-from multiformer_jax.evaluation import evaluate, translate  # noqa: E402
-from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer  # noqa: E402
-from multiformer_jax import schema  # noqa: E402
-from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
+from benchmarks.report_format import command_line, load, machine_line, markdown_table, verdict
+from benchmarks import common
+from data_prep import corpora
+from data_prep.audio import SAMPLE_RATE, cut_segment, load_audio
+from multiformer_jax.evaluation import scoring, audio_files
+from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
+from multiformer_jax import schema
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 
 def rss_mib() -> float:
@@ -94,6 +94,58 @@ def long_recordings(paths, seconds: float, out_dir: str, seed: int = 0):
   return out
 
 
+
+# The report's section of this benchmark (benchmarks/report.py assembles them).
+def report_section(directory):
+  """benchmarks/translate.py: a folder of recordings against evaluation of the same split."""
+  meta, rows = load(directory, os.path.join("cpu", "translate.jsonl"))
+  if not rows:
+    return "", []
+  by = {r["measure"]: r for r in rows if r["measure"] != "evaluate"}
+  speed, memory, long = by["translate_vs_evaluate"], by["memory"], by["long_recordings"]
+  command = meta.get("command", "python -m benchmarks.translate --workdir runs/quickstart "
+                                "--out docs/benchmarks/cpu/translate.jsonl")
+  table = markdown_table(["measure", "value"], [
+      ["evaluation of the split, both stages, warm (s)", speed["evaluate_warm_s"]],
+      [f"translate, {speed['files']} wav files, both stages, warm (s)",
+       speed["translate_warm_s"]],
+      ["translate, the same, cold: compiling included (s)", speed["translate_cold_s"]],
+      ["search programs compiled per stage", speed["compiled_programs"]],
+      ["frame buckets / batch sizes", f"{speed['buckets']} / {speed['batch_sizes']}"],
+      ["files decoded to evaluation's very text (asr, st)",
+       speed["same_text_as_evaluation"]],
+      [f"resident memory floor, files 1-100 / last 100 of {memory['files']} (MiB)",
+       f"{memory['rss_floor_mib_files_1_100']} / {memory['rss_floor_mib_last_100']}"],
+      ["resident memory peak (MiB)", memory["rss_peak_mib"]],
+      [f"{long['files']} recordings of ~{long['seconds_each']:.0f} s ({long['sentences']} "
+       f"sentences): segments cut", long["segments"]],
+      ["ASR WER: long recordings cut at pauses / the sentences one by one",
+       f"{long['wer_at_pauses']} / {long['wer_one_by_one']}"],
+      ["ST BLEU: the same", f"{long['bleu_at_pauses']} / {long['bleu_one_by_one']}"]])
+  text = f"""## translate on a folder of recordings
+
+Machine: {machine_line(meta)}. Command: `{command_line(command)}` (a run of the README's main
+command on the date above, an older recipe than today's whose ST model read BLEU about 1-3;
+{meta['split']}'s utterances written as 16-bit wav files; float32 matmul peak
+{meta.get('matmul_peak_gflops', '?')} GFLOP/s in the same run). The table measures speed,
+memory and agreement with evaluation, not the model's quality. Every file is cut at its
+pauses, so an utterance of two sentences is decoded as two segments: those are the files whose
+text differs from evaluation's. The BLEU of whole recordings is a document-level figure (the
+sentence-level BLEU is the evaluation's).
+
+{table}
+"""
+  growth = memory["growth"]
+  difference = long["wer_at_pauses"] - long["wer_one_by_one"]
+  return text, [
+      ["translate a folder vs evaluation of the same split (warm): <= 1.5x",
+       f"{speed['ratio']:.2f}x", verdict(speed["ratio"] <= 1.5)],
+      ["translate's resident memory after 1000 files within 10 % of after 100",
+       f"{100 * growth:+.1f} %", verdict(abs(growth) <= 0.10)],
+      ["long recordings cut at pauses: WER within 2 points of the sentences one by one",
+       f"{difference:+.2f}", verdict(abs(difference) <= 2.0)]]
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--workdir", default="runs/quickstart")
@@ -112,7 +164,7 @@ def main():
   evaluation = {}
   for attempt in ("cold", "warm"):
     for stage in stages:
-      result = evaluate.evaluate_stage(config, args.workdir, stage, split, progress=False)
+      result = scoring.evaluate_stage(config, args.workdir, stage, split, progress=False)
       evaluation[stage] = result
       results.add(measure="evaluate", pass_=attempt, stage=stage, decode_s=result["decode_s"],
                   score=result.get("bleu", result.get("wer")))
@@ -120,11 +172,11 @@ def main():
 
   with tempfile.TemporaryDirectory(prefix="translate_bench_") as tmp:
     paths, records = write_utterances(config, split, tmp)
-    translator = translate.FileTranslator(args.workdir, stages, max_batch=1024)
+    decoder = audio_files.FileDecoder(args.workdir, stages, max_batch=1024)
     timings = {}
     for attempt in ("cold", "warm"):
       start = time.perf_counter()
-      out = {r["index"]: r for r in translator.translate(paths)}
+      out = {r["index"]: r for r in decoder.decode(paths)}
       timings[attempt] = time.perf_counter() - start
     hyps = {s: [out[i][s] for i in range(len(paths))] for s in stages}
     same = {s: sum(h == e for h, e in zip(hyps[s], _eval_hyps(evaluation[s]["directory"],
@@ -134,13 +186,13 @@ def main():
     results.add(measure="translate_vs_evaluate", files=len(paths), translate_cold_s=round(
         timings["cold"], 1), translate_warm_s=round(timings["warm"], 1),
                 evaluate_warm_s=round(eval_s, 1), ratio=round(timings["warm"] / eval_s, 2),
-                target_ratio=1.5, compiled_programs=translator.compiled_programs(),
-                buckets=translator.edges, batch_sizes=translator.batch_sizes,
+                target_ratio=1.5, compiled_programs=decoder.compiled_programs(),
+                buckets=decoder.edges, batch_sizes=decoder.batch_sizes,
                 same_text_as_evaluation=same, wer=wer, bleu=bleu)
 
     many = [paths[i % len(paths)] for i in range(args.files)]
     rss, start = [], time.perf_counter()
-    for _ in translator.translate(many):
+    for _ in decoder.decode(many):
       rss.append(rss_mib())
     # Resident memory swings by 250-400 MiB with the bucket of the batch just decoded (the
     # allocator keeps its temporaries a while), so what stays is each window's floor: the least
@@ -152,7 +204,7 @@ def main():
                 seconds=round(time.perf_counter() - start, 1))
 
     groups = long_recordings(paths, args.long_seconds, tmp)
-    long_out = {r["index"]: r for r in translator.translate([p for p, _ in groups])}
+    long_out = {r["index"]: r for r in decoder.decode([p for p, _ in groups])}
     joined = lambda texts: " ".join(t for t in texts if t)
     refs = {"asr": [joined(records[i].source_text for i in m) for _, m in groups],
             "st": [joined(records[i].target_text for i in m) for _, m in groups]}

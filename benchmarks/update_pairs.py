@@ -1,6 +1,6 @@
 """Two or more configs' training updates, interleaved in one process:
 
-    python benchmarks/update_pairs.py \
+    python -m benchmarks.update_pairs \
         --configs "multiformer_fast,multiformer_fast@attention_implementation=xla" \
         --out docs/benchmarks/cpu/update_pairs_multiformer_fast.jsonl [--rounds 15]
 
@@ -15,18 +15,16 @@ ratio of each round's time to the first config's.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 import jax
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from benchmarks.common import Results, machine  # noqa: E402
-from benchmarks.train_step import load_config, make_batch, setup  # noqa: E402
-from multiformer_jax.runtime.host_memory import set_up_host_allocator  # noqa: E402
-from multiformer_jax.runtime.xla_flags import add_default_xla_flags  # noqa: E402
+from benchmarks.common import Results, machine
+from benchmarks.train_step import load_config, make_batch, setup
+from multiformer_jax.runtime.host_memory import set_up_host_allocator
+from multiformer_jax.runtime.xla_flags import add_default_xla_flags
 
 
 def main(argv=None):

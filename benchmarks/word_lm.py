@@ -1,6 +1,6 @@
 """The word n-gram LM of evaluation's n-best rescoring at a real corpus's size:
 
-    python benchmarks/word_lm.py [--sentences 250000] [--mean_words 20] [--types 100000]
+    python -m benchmarks.word_lm [--sentences 250000] [--mean_words 20] [--types 100000]
         [--order 3] [--out docs/benchmarks/word_lm.jsonl]
 
 MuST-C en-de's training split has about 229k segments and 4.6M English words. The benchmark
@@ -17,14 +17,12 @@ import argparse
 import json
 import os
 import resource
-import sys
 import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-from multiformer_jax.evaluation import word_lm  # noqa: E402
+from multiformer_jax.evaluation import word_lm
 
 
 def rss_mib() -> float:

@@ -21,9 +21,10 @@ import shutil
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue, MissingInput
 from data_prep import feature_store, index_io, tfds_dataset
-from data_prep.common import atomic, cli_errors
-from data_prep.common.progress import progress_bar
+from multiformer_common import atomic, cli_errors
+from multiformer_common.progress import progress_bar
 
 
 def _write_json(path: str, value):
@@ -43,7 +44,7 @@ def _convert_split(prepared: str, tfds_dir: str, split: str, progress: bool) -> 
     return files
   source = tfds_dataset.open_split(tfds_dir, split)
   if len(source) != len(index["n_frames"]):
-    raise ValueError(f"{split}: {len(source)} records but the index has "
+    raise InvalidValue(f"{split}: {len(source)} records but the index has "
                      f"{len(index['n_frames'])} rows; the corpus is damaged: prepare it again")
   file_ids, offsets, row = [], [], 0
   bar = progress_bar(total=len(source), desc=f"{split}: records -> frames", unit="utt",
@@ -54,7 +55,7 @@ def _convert_split(prepared: str, tfds_dir: str, split: str, progress: bool) -> 
       for _ in range(count):
         fbank = np.asarray(source[row]["fbank"], np.float32)
         if len(fbank) != int(index["n_frames"][row]):
-          raise ValueError(f"{split} row {row}: {len(fbank)} frames in its record, "
+          raise InvalidValue(f"{split} row {row}: {len(fbank)} frames in its record, "
                            f"{int(index['n_frames'][row])} in the index; prepare it again")
         offsets.append(writer.write(fbank))
         file_ids.append(shard)
@@ -71,7 +72,7 @@ def convert(prepared: str, delete_tfds: bool = False, progress: bool = True) -> 
   -> its new prepared.json."""
   marker = os.path.join(prepared, "prepared.json")
   if not os.path.exists(marker):
-    raise FileNotFoundError(f"{prepared} is not a prepared corpus (no prepared.json)")
+    raise MissingInput(f"{prepared} is not a prepared corpus (no prepared.json)")
   with open(marker, encoding="utf-8") as f:
     summary = json.load(f)
   kind = summary.get("features")
@@ -79,7 +80,7 @@ def convert(prepared: str, delete_tfds: bool = False, progress: bool = True) -> 
     return summary
   tfds_dir = os.path.join(prepared, summary.get("tfds_dir", "tfds"))
   if not tfds_dataset.is_complete(tfds_dir):
-    raise FileNotFoundError(f"{prepared} has neither flat features nor a TFDS dataset in "
+    raise MissingInput(f"{prepared} has neither flat features nor a TFDS dataset in "
                             f"{tfds_dir}: prepare it again with python -m data_prep.prepare")
   files = {split: _convert_split(prepared, tfds_dir, split, progress)
            for split in summary["splits"]}

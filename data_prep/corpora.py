@@ -28,13 +28,15 @@ import os
 
 import yaml
 
+from multiformer_common.errors import InvalidValue, MissingInput
+
 try:
   _YAML_LOADER = yaml.CSafeLoader
 except AttributeError:  # PyYAML without libyaml
   _YAML_LOADER = yaml.SafeLoader
 
 
-class CorpusLayoutError(FileNotFoundError):
+class CorpusLayoutError(MissingInput):
   pass
 
 
@@ -80,7 +82,7 @@ COVOST_NOMINAL_CLIP_S = 5.0
 def split_pair(pair: str) -> tuple[str, str]:
   parts = pair.split("-")
   if len(parts) != 2 or not all(parts):
-    raise ValueError(f"language pair {pair!r} must look like 'en-de'")
+    raise InvalidValue(f"language pair {pair!r} must look like 'en-de'")
   return parts[0], parts[1]
 
 
@@ -123,7 +125,7 @@ def _ted_style(corpus: str, root: str, pair: str, split: str, audio_ext: str):
   # MuST-C's layout holds more test sets than MuST-C's own (the embedded corpus's
   # tst-unseen-synth, dev-real, ...): a split folder that is there is read.
   if split not in SPLITS[corpus] and not (corpus == "mustc" and os.path.isdir(split_dir)):
-    raise ValueError(f"unknown {corpus} split {split!r}; valid: {SPLITS[corpus]}" + (
+    raise InvalidValue(f"unknown {corpus} split {split!r}; valid: {SPLITS[corpus]}" + (
         f" or a split folder under {base}/data" if corpus == "mustc" else ""))
   expected = (f"  {base}/data/{split}/wav/<talk>{audio_ext}\n"
               f"  {base}/data/{split}/txt/{split}.yaml, {split}.{src}, {split}.{tgt}")
@@ -201,7 +203,7 @@ def read_mtedx(root: str, pair: str = "es-en", split: str = "train") -> list[Seg
 def read_europarl_st(root: str, pair: str = "de-en", split: str = "train"):
   src, tgt = split_pair(pair)
   if split not in SPLITS["europarl_st"]:
-    raise ValueError(f"unknown europarl_st split {split!r}; valid: {SPLITS['europarl_st']}")
+    raise InvalidValue(f"unknown europarl_st split {split!r}; valid: {SPLITS['europarl_st']}")
   split_dir = os.path.join(root, src, tgt, split)
   audio_dir = os.path.join(root, src, "audios")
   expected = (f"  {split_dir}/segments.lst, segments.{src}, segments.{tgt}\n"
@@ -242,7 +244,7 @@ def _read_tsv(path: str) -> list[dict]:
 def read_covost2(root: str, pair: str = "fr-en", split: str = "train"):
   src, tgt = split_pair(pair)
   if split not in SPLITS["covost2"]:
-    raise ValueError(f"unknown covost2 split {split!r}; valid: {SPLITS['covost2']}")
+    raise InvalidValue(f"unknown covost2 split {split!r}; valid: {SPLITS['covost2']}")
   base = root if os.path.basename(os.path.normpath(root)) == src else os.path.join(root, src)
   cv_tsv = os.path.join(base, "validated.tsv")
   covost_tsv = os.path.join(base, f"covost_v2.{src}_{tgt}.tsv")
@@ -290,7 +292,7 @@ SPLIT_ALIASES = {"mustc": {"valid": "dev", "test": "tst-COMMON"},
 
 def read_corpus(corpus: str, root: str, pair: str, split: str) -> list[SegmentRecord]:
   if corpus not in READERS:
-    raise ValueError(f"unknown corpus {corpus!r}; valid: {sorted(READERS)} (the embedded "
+    raise InvalidValue(f"unknown corpus {corpus!r}; valid: {sorted(READERS)} (the embedded "
                      f"corpus is read as mustc)")
   if split not in SPLITS[corpus]:
     split = SPLIT_ALIASES[corpus].get(split, split)
@@ -304,7 +306,7 @@ def read_corpora(corpus: str, root: str, pairs: list[str], split: str) -> list[S
   they stay unique, and each record's domain is its corpus (unless its segment list names one)."""
   corpora, roots = corpus.split(","), root.split(",")
   if len(corpora) != len(roots):
-    raise ValueError(f"{len(corpora)} corpora ({corpus!r}) but {len(roots)} roots ({root!r}); "
+    raise InvalidValue(f"{len(corpora)} corpora ({corpus!r}) but {len(roots)} roots ({root!r}); "
                      f"give one root per corpus, comma-separated, in the same order")
   records = []
   for name, directory in zip(corpora, roots):

@@ -36,9 +36,10 @@ import re
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep import features as features_lib
 from data_prep import index_io, vocab
-from data_prep.common import atomic
+from multiformer_common import atomic
 
 TSV_COLUMNS = ("id", "audio", "n_frames", "tgt_text")   # fairseq's required manifest columns
 TASKS = ("asr", "st")
@@ -48,7 +49,7 @@ NPY_MAGIC = b"\x93NUMPY"
 SPLIT_ORDER = ("train", "dev", "tst-COMMON", "tst-HE")   # the training split first
 
 
-class FairseqDataError(ValueError):
+class FairseqDataError(InvalidValue):
   """A fairseq data root that cannot be read: names the file, the value and what was expected."""
 
 

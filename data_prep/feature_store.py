@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
+
 FORMAT = "frames"                  # prepared.json's "features" for this format
 DIRECTORY = "frames"
 DTYPE = np.float32
@@ -50,7 +52,7 @@ class ShardWriter:
   def write(self, features: np.ndarray) -> int:
     features = np.ascontiguousarray(features, DTYPE)
     if features.ndim != 2 or features.shape[1] != self.feature_dim:
-      raise ValueError(f"features of shape {features.shape}; this shard holds "
+      raise InvalidValue(f"features of shape {features.shape}; this shard holds "
                        f"[frames, {self.feature_dim}]")
     offset = self.rows
     self.file.write(features.tobytes())
@@ -102,7 +104,7 @@ class FeatureStore:
       size = os.path.getsize(path)
       row_bytes = self.feature_dim * np.dtype(DTYPE).itemsize
       if size % row_bytes:
-        raise ValueError(f"{path}: {size} bytes is not a whole number of [{self.feature_dim}] "
+        raise InvalidValue(f"{path}: {size} bytes is not a whole number of [{self.feature_dim}] "
                          f"float32 rows; the file is damaged: prepare the corpus again")
       mapped = self._maps[file_id] = np.memmap(path, DTYPE, "r",
                                                shape=(size // row_bytes, self.feature_dim))
@@ -129,7 +131,7 @@ class FeatureStore:
     mapped = self._map(int(self.file_ids[i]))
     end = start + int(self.lengths[i])
     if end > len(mapped):
-      raise ValueError(f"row {i} reads frames {start}:{end} of {self.paths[self.file_ids[i]]}, "
+      raise InvalidValue(f"row {i} reads frames {start}:{end} of {self.paths[self.file_ids[i]]}, "
                        f"which has {len(mapped)}: the index and the features disagree; "
                        f"prepare the corpus again")
     return mapped[start:end]

@@ -14,6 +14,8 @@ import math
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
+
 NUM_MEL_BINS = 80
 VARIANCE_FLOOR = 1e-10
 FRAME_LENGTH_S, FRAME_SHIFT_S = 0.025, 0.010
@@ -86,7 +88,7 @@ def speed_perturb(samples: np.ndarray, factor: float, sample_rate: int = 16000) 
   """Kaldi's speed perturbation (sox `speed`): the audio played `factor` times as fast, tempo
   and pitch together: len(samples) / factor samples, resampled with soxr."""
   if factor <= 0:
-    raise ValueError(f"speed perturbation factor {factor}; valid: > 0 (Kaldi: 0.9, 1.0, 1.1)")
+    raise InvalidValue(f"speed perturbation factor {factor}; valid: > 0 (Kaldi: 0.9, 1.0, 1.1)")
   if factor == 1.0:
     return samples
   import soxr  # pylint: disable=import-outside-toplevel
@@ -161,9 +163,9 @@ class SpecAugment:
     for name in ("freq_mask_n", "freq_mask_f", "time_mask_n", "time_mask_t"):
       value = getattr(self, name)
       if not isinstance(value, int) or value < 0:
-        raise ValueError(f"SpecAugment {name}={value!r}; valid: an integer >= 0")
+        raise InvalidValue(f"SpecAugment {name}={value!r}; valid: an integer >= 0")
     if not 0.0 <= self.time_mask_p <= 1.0:
-      raise ValueError(f"SpecAugment time_mask_p={self.time_mask_p!r}; valid: 0 <= p <= 1")
+      raise InvalidValue(f"SpecAugment time_mask_p={self.time_mask_p!r}; valid: 0 <= p <= 1")
 
   @classmethod
   def from_policy(cls, policy: str) -> "SpecAugment":
@@ -171,7 +173,7 @@ class SpecAugment:
     optionally followed by field overrides: "sm" or "sm,time_mask_p=0.1,time_mask_n=1"."""
     name, *overrides = [part.strip() for part in policy.split(",")]
     if name not in SPECAUGMENT_POLICIES:
-      raise ValueError(f"SpecAugment policy {policy!r}: {name!r} is not a policy; valid: "
+      raise InvalidValue(f"SpecAugment policy {policy!r}: {name!r} is not a policy; valid: "
                        f"{', '.join(SPECAUGMENT_POLICIES)}, each optionally followed by "
                        f"',field=value' with fields {', '.join(SPECAUGMENT_FIELDS)}")
     fields = dict(SPECAUGMENT_POLICIES[name])
@@ -179,13 +181,13 @@ class SpecAugment:
       key, sep, value = item.partition("=")
       key = key.strip()
       if not sep or key not in SPECAUGMENT_FIELDS:
-        raise ValueError(f"SpecAugment policy {policy!r}: {item!r} is not field=value; valid "
+        raise InvalidValue(f"SpecAugment policy {policy!r}: {item!r} is not field=value; valid "
                          f"fields: {', '.join(SPECAUGMENT_FIELDS)}")
       kind = float if key == "time_mask_p" else int
       try:
         fields[key] = kind(value)
       except ValueError:
-        raise ValueError(f"SpecAugment policy {policy!r}: {key}={value!r} is not "
+        raise InvalidValue(f"SpecAugment policy {policy!r}: {key}={value!r} is not "
                          f"{'a number' if kind is float else 'an integer'}") from None
     return cls(**fields)
 

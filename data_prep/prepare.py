@@ -41,10 +41,11 @@ import signal
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue, MissingInput, ResourceError, UserError
 from data_prep import corpora, fairseq_data, feature_store, features, index_io, vocab
-from data_prep.common import atomic, cli_errors, locks, signals
+from multiformer_common import atomic, cli_errors, locks, signals
 from data_prep.audio import AudioError, cut_segment, load_audio
-from data_prep.common.progress import progress_bar
+from multiformer_common.progress import progress_bar
 
 MIN_FRAMES = 5
 MAX_TRAIN_FRAMES = 3000
@@ -165,7 +166,7 @@ def parse_speeds(text: str) -> tuple[float, ...]:
   except ValueError:
     speeds = (-1.0,)
   if any(s <= 0 for s in speeds):
-    raise ValueError(f"speed perturbation {text!r}; valid: comma-separated positive factors, "
+    raise InvalidValue(f"speed perturbation {text!r}; valid: comma-separated positive factors, "
                      f"e.g. 0.9,1.0,1.1 (Kaldi's)")
   return speeds
 
@@ -177,7 +178,7 @@ def speed_perturbed(records, factors, domains=()) -> list:
   domains get copies (e.g. the recorded speech among synthetic)."""
   factors = tuple(float(f) for f in factors)
   if any(f <= 0 for f in factors):
-    raise ValueError(f"speed perturbation {factors}; valid: positive factors, e.g. 0.9,1.0,1.1")
+    raise InvalidValue(f"speed perturbation {factors}; valid: positive factors, e.g. 0.9,1.0,1.1")
   if not factors or factors == (1.0,):
     return records
   out = []
@@ -238,7 +239,7 @@ def write_shard(job) -> dict:
       _atomic_json(sidecar_path, sidecar)          # before the shard appears (on close)
   except OSError as error:
     if error.errno == errno.ENOSPC:
-      raise OSError(error.errno, f"disk full while writing {shard_path}: the shards and talk "
+      raise ResourceError(error.errno, f"disk full while writing {shard_path}: the shards and talk "
                     f"features already written are kept; free space on that disk and rerun "
                     f"the same command to finish") from error
     raise
@@ -250,7 +251,7 @@ def write_shard(job) -> dict:
   return without_index(sidecar)
 
 
-class WorkerDied(ChildProcessError):
+class WorkerDied(UserError, ChildProcessError):
   """A preparation worker died (killed, often for lack of memory) while writing a shard."""
 
 
@@ -391,7 +392,7 @@ def copy_text_only(root: str, pairs: list[str], out: str) -> dict[str, list[str]
     for name in names:
       sides = [_read_lines(os.path.join(folder, f"{name}.{lang}")) for lang in (src, tgt)]
       if len(sides[0]) != len(sides[1]):
-        raise ValueError(f"{folder}/{name}: {len(sides[0])} {src} lines but {len(sides[1])} "
+        raise InvalidValue(f"{folder}/{name}: {len(sides[0])} {src} lines but {len(sides[1])} "
                          f"{tgt} lines; text without speech is parallel, line by line")
       target_dir = os.path.join(out, TEXT_ONLY_DIR, pair)
       os.makedirs(target_dir, exist_ok=True)
@@ -404,7 +405,7 @@ def copy_text_only(root: str, pairs: list[str], out: str) -> dict[str, list[str]
 
 def _read_lines(path: str) -> list[str]:
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"{path}: text without speech needs both languages' files")
+    raise MissingInput(f"{path}: text without speech needs both languages' files")
   with open(path, encoding="utf-8") as f:
     return [line.rstrip("\n") for line in f]
 
@@ -493,7 +494,7 @@ def _prepare(corpus, root, pairs, out, splits, asr_vocab, st_vocab, workers, pro
   report = {split: _split_report(segments[split], sidecars[split]) for split in splits}
   for split, r in report.items():
     if r["kept"] == 0:
-      raise ValueError(f"no usable segment in {split} of {root} ({pairs}): {r['skipped']}")
+      raise InvalidValue(f"no usable segment in {split} of {root} ({pairs}): {r['skipped']}")
   _atomic_json(os.path.join(out, "prep_report.json"), report)
 
   index_dir = os.path.join(out, "index")
@@ -544,7 +545,7 @@ def repair(out: str, workers: int | None = None, progress: bool = True) -> list[
   vocabularies and statistics stay as they are. -> the shards rewritten."""
   summary = _read_json(os.path.join(out, "prepared.json"))
   if summary.get("features") != feature_store.FORMAT:
-    raise ValueError(f"{out} holds no feature shards of its own to repair "
+    raise InvalidValue(f"{out} holds no feature shards of its own to repair "
                      f"({summary.get('features')})")
   splits = list(summary["splits"])
   with locks.DirectoryLock(out, "preparation").acquire(wait=True):
@@ -564,7 +565,7 @@ def repair(out: str, workers: int | None = None, progress: bool = True) -> list[
       write_shards(damaged, workers or os.cpu_count() or 1, progress)
     for shard, sidecar, *_ in damaged:
       if _read_json(sidecar)["index"] != recorded[shard]:
-        raise ValueError(f"{shard} was rewritten, but its rows differ from the index's: the "
+        raise InvalidValue(f"{shard} was rewritten, but its rows differ from the index's: the "
                          f"corpus in {summary['root']} changed since it was prepared; prepare "
                          f"it into a new directory")
   return [job[0] for job in damaged]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from multiformer_common.errors import InvalidValue, MissingInput
+
 VERSION = "1.0.0"
 NAME = "speech_translation"
 
@@ -29,11 +31,11 @@ def open_split(data_dir: str, split: str):
   """Random-access data source of one split: `source[i]` -> dict of numpy/bytes."""
   import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
   if not is_complete(data_dir):
-    raise FileNotFoundError(f"no prepared TFDS dataset in {data_dir}; run python -m "
+    raise MissingInput(f"no prepared TFDS dataset in {data_dir}; run python -m "
                             f"data_prep.prepare first")
   builder = tfds.builder_from_directory(dataset_dir(data_dir))
   name = split_name(split)
   if name not in builder.info.splits:
-    raise ValueError(f"split {split!r} not in {data_dir}; prepared splits: "
+    raise InvalidValue(f"split {split!r} not in {data_dir}; prepared splits: "
                      f"{sorted(builder.info.splits)}")
   return builder.as_data_source(split=name)

@@ -7,7 +7,8 @@ a piece id is the model's token id.
 
 import os
 
-from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from multiformer_common.errors import InvalidValue, MissingInput
+from multiformer_common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 LANG_TAG = "<lang:{}>"   # fairseq's target-language tag (prepend_tgt_lang_tag)
 
 
@@ -23,7 +24,7 @@ def train_sentencepiece(texts, model_prefix: str, vocab_size: int,
   import sentencepiece as spm  # pylint: disable=import-outside-toplevel
   texts = [t for t in texts if t.strip()]
   if not texts:
-    raise ValueError(f"no text to train the SentencePiece model {model_prefix}")
+    raise InvalidValue(f"no text to train the SentencePiece model {model_prefix}")
   tmp_prefix = model_prefix + ".tmp"
   spm.SentencePieceTrainer.train(
       sentence_iterator=iter(texts), model_prefix=tmp_prefix, vocab_size=vocab_size,
@@ -42,7 +43,7 @@ class Vocabulary:
   def __init__(self, model_path: str):
     import sentencepiece as spm  # pylint: disable=import-outside-toplevel
     if not os.path.isfile(model_path):
-      raise FileNotFoundError(f"SentencePiece model {model_path} not found; run data_prep."
+      raise MissingInput(f"SentencePiece model {model_path} not found; run data_prep."
                               f"prepare first")
     self.path = model_path
     self.sp = spm.SentencePieceProcessor(model_file=model_path)
@@ -88,7 +89,7 @@ class DictionaryVocabulary(Vocabulary):
           continue
         symbol = line.rsplit(" ", 1)[0] if " " in line else line
         if not symbol:
-          raise ValueError(f"{dictionary_path}:{number}: {line!r} is not 'symbol count'")
+          raise InvalidValue(f"{dictionary_path}:{number}: {line!r} is not 'symbol count'")
         symbols.append(symbol)
     self.symbols = symbols
     self.ids = {symbol: i for i, symbol in enumerate(symbols)}

@@ -10,6 +10,7 @@ import dataclasses
 import jax
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.model import S2TModel, init_params
 from multiformer_jax.model.model_config import ModelConfig
@@ -49,18 +50,18 @@ def update_plan(config, stage: str, devices: int | None = None) -> UpdatePlan:
   devices = devices or jax.device_count()
   if not d.frames_per_update:
     if freq < 1:
-      raise ValueError(f"{stage}.update_freq={freq}; valid: >= 1, or 0 with "
+      raise InvalidValue(f"{stage}.update_freq={freq}; valid: >= 1, or 0 with "
                        f"data.frames_per_update set (then it is derived)")
     return UpdatePlan(d.max_frames, freq, devices)
   if freq:
-    raise ValueError(f"{stage}.update_freq={freq} and data.frames_per_update="
+    raise InvalidValue(f"{stage}.update_freq={freq} and data.frames_per_update="
                      f"{d.frames_per_update} both set the update: set {stage}.update_freq=0 "
                      f"(derived from the device count) or data.frames_per_update=0")
   step_frames = d.max_frames * devices
   if d.max_frames < 1 or d.frames_per_update % step_frames:
     fitting = [d.frames_per_update // (devices * k) for k in range(1, 65)
                if d.frames_per_update % (devices * k) == 0][:6]
-    raise ValueError(f"data.frames_per_update={d.frames_per_update} is not a whole number of "
+    raise InvalidValue(f"data.frames_per_update={d.frames_per_update} is not a whole number of "
                      f"micro-batches of data.max_frames={d.max_frames} per device x {devices} "
                      f"device(s) = {step_frames} frames; per-device batches that divide it on "
                      f"{devices} device(s): {fitting or 'none: change data.frames_per_update'}")
@@ -140,7 +141,7 @@ def known_task_rows(data: ip.SplitData, tasks: dict[str, ip.TaskKey] | None
     keep &= ~missing
     unknown.update(f"{key.field} {v}" for v in data.tag_values[key.field][missing])
   if not keep.any():
-    raise ValueError(f"no utterance of {data.split} has a task the model knows: its values "
+    raise InvalidValue(f"no utterance of {data.split} has a task the model knows: its values "
                      f"{dict(unknown)}; the model's tasks: "
                      f"{ {side: list(k.names) for side, k in tasks.items()} }")
   return (data if keep.all() else data.subset(keep)), dict(sorted(unknown.items()))
@@ -164,7 +165,7 @@ def stage_ctc_weight(config, stage: str | None) -> float:
     return 0.0
   weight = float(config[stage].ctc_weight)
   if not 0.0 <= weight < 1.0:
-    raise ValueError(f"{stage}.ctc_weight={weight}; valid: 0 <= weight < 1")
+    raise InvalidValue(f"{stage}.ctc_weight={weight}; valid: 0 <= weight < 1")
   return weight
 
 
@@ -172,7 +173,7 @@ def source_ctc_vocab_size(config) -> int:
   """The size of the ASR vocabulary the ST stage's source-transcript CTC spells."""
   vocabularies = ip.read_summary(config.data.prepared_dir)["vocab"]
   if "asr" not in vocabularies:
-    raise ValueError(f"st.ctc_weight is set but {config.data.prepared_dir} has no ASR "
+    raise InvalidValue(f"st.ctc_weight is set but {config.data.prepared_dir} has no ASR "
                      f"vocabulary for the source transcripts; set st.ctc_weight=0")
   return int(vocabularies["asr"]["size"])
 
@@ -223,7 +224,7 @@ def model_config_for(config, vocab_size: int, tasks: dict | None = None,
   for side, tag in stack_task_tags(values).items():
     if tag:
       if not tasks or side not in tasks:
-        raise ValueError(f"the model's {side} is keyed by a task tag: its task names "
+        raise InvalidValue(f"the model's {side} is keyed by a task tag: its task names "
                          f"(experiment.task_keys) are needed")
       values[f"{side}_num_tasks"] = max(1, len(tasks[side].names))
   return ModelConfig.from_dict(values)

@@ -129,12 +129,12 @@ def _train(config, workdir: str):
     return
   print(json.dumps(results, indent=1, ensure_ascii=False))
   if any("eval" in r for r in results.values()):
-    from multiformer_jax import ablate  # pylint: disable=import-outside-toplevel
     from multiformer_jax.training import curves  # pylint: disable=import-outside-toplevel
+    from multiformer_jax.training import results_table  # pylint: disable=import-outside-toplevel
     splits = train.evaluated_splits(config)
-    rows = [ablate.collect_row(workdir, f"{config.name} {split}", split=split)
+    rows = [results_table.collect_row(workdir, f"{config.name} {split}", split=split)
             for split in splits]
-    md_path, _ = ablate.write_table(rows, workdir)
+    md_path, _ = results_table.write_table(rows, workdir)
     with open(md_path, encoding="utf-8") as f:
       print(f.read())
     for split in splits:
@@ -147,7 +147,7 @@ def _train(config, workdir: str):
 def check_config_overrides(argv):
   """An unknown `--config.a.b` key is named with the keys that exist there, exit status 2
   (ml_collections would raise a bare AttributeError while parsing the flags)."""
-  from data_prep.common import cli_errors  # pylint: disable=import-outside-toplevel
+  from multiformer_common import cli_errors  # pylint: disable=import-outside-toplevel
   spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
   if spec is None or not any(a.startswith("--config.") for a in argv):
     return
@@ -161,7 +161,7 @@ def check_config_overrides(argv):
 
 
 def run_main(argv):
-  from data_prep.common import cli_errors  # pylint: disable=import-outside-toplevel
+  from multiformer_common import cli_errors  # pylint: disable=import-outside-toplevel
   cli_errors.report_user_errors(main, argv)
 
 
@@ -179,11 +179,11 @@ def run_app():
 
 
 def cli():
-  """The command: unknown config keys named, tcmalloc and huge pages set up (the process
-  re-executes itself once for them), the XLA flags, then absl's app."""
+  """The command: unknown config keys named, the process set up as every command's
+  (runtime/process_setup.py: it re-executes itself once), then absl's app."""
   check_config_overrides(sys.argv[1:])
   from multiformer_jax.runtime import process_setup  # pylint: disable=import-outside-toplevel
-  process_setup.set_up(fetch_tcmalloc=True)   # re-executes with tcmalloc and huge pages
+  process_setup.set_up()
   run_app()
 
 

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from multiformer_jax.analysis import analyze
+from multiformer_jax import analyze
+from multiformer_jax.analysis import locality
 from multiformer_jax.training import train
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.analysis import diagonality as diag
@@ -183,7 +184,7 @@ def test_wo_head_blocks_map_to_the_heads_of_a_mixed_layout():
 def test_efficient_layout_merges_equal_layers():
   table = [{"attention": a, "heads": 4, "window": w} for a, w in
            [("full", 17), ("full", 5), ("local(5)", 5), ("local(5)", 5), ("local(9)", 9)]]
-  assert analyze.efficient_layout(table) == "2x(4*full) 2x(4*local(5)) 1x(4*local(9))"
+  assert locality.efficient_layout(table) == "2x(4*full) 2x(4*local(5)) 1x(4*local(9))"
 
 
 @pytest.fixture(scope="module")
@@ -223,8 +224,8 @@ def test_the_three_commands_write_plots_tables_and_a_runnable_config(trained_run
 
   # The paper's view by default: the main diagonal (most of each row) hidden.
   hidden = []
-  draw = analyze.plots.contribution_matrices
-  monkeypatch.setattr(analyze.plots, "contribution_matrices",
+  draw = locality.plots.contribution_matrices
+  monkeypatch.setattr(locality.plots, "contribution_matrices",
                       lambda *a, **k: hidden.append(a[3]) or draw(*a, **k))
   analyze.main(["contributions", "--stages", "asr", "st"] + common)
   assert hidden == [True, True]

@@ -64,7 +64,7 @@ def test_the_benchmarks_page_is_the_report_of_the_results_files_and_the_readme_q
   with open("docs/benchmarks.md", encoding="utf-8") as f:
     committed = f.read()
   assert (tmp_path / "benchmarks.md").read_text(encoding="utf-8") == committed, \
-      "docs/benchmarks.md is stale: run python benchmarks/report.py"
+      "docs/benchmarks.md is stale: run python -m benchmarks.report"
   assert (directory / "details.md").read_text(encoding="utf-8") == \
       open(os.path.join("docs", "benchmarks", "details.md"), encoding="utf-8").read()
   targets = committed.split("## Targets", 1)[1].split("\n## ", 1)[0]

@@ -15,7 +15,7 @@ import wave
 import numpy as np
 import pytest
 
-from data_prep.common import packages
+from multiformer_common import packages
 from data_prep.embedded import build, plan, speak, text, voices
 from data_prep.embedded import spec as spec_lib
 from data_prep.embedded.text import bible

@@ -6,7 +6,7 @@ import multiprocessing
 import os
 import time
 
-from data_prep.common import packages
+from multiformer_common import packages
 from data_prep.embedded.voices import common
 
 

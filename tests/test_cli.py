@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from configs import quickstart
-from data_prep.common import cli_errors
+from multiformer_common import cli_errors
+from multiformer_common.errors import InvalidValue
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,13 +47,24 @@ def test_missing_prepared_data_and_checkpoints_exit_2_with_the_message(tmp_path)
 
 def test_the_traceback_on_request(monkeypatch):
   def fail():
-    raise ValueError("data.cmvn='x'; valid: utterance, global, none")
+    raise InvalidValue("data.cmvn='x'; valid: utterance, global, none")
   with pytest.raises(SystemExit) as info:
     cli_errors.report_user_errors(fail)
   assert info.value.code == 2
   monkeypatch.setenv(cli_errors.TRACEBACK_ENV, "1")
   with pytest.raises(ValueError, match="data.cmvn='x'"):
     cli_errors.report_user_errors(fail)
+
+
+def test_an_error_that_is_not_the_users_keeps_its_traceback():
+  """Only a UserError is reported as the user's mistake; a library's own ValueError or OSError
+  (a bug, an unforeseen failure) propagates with its traceback."""
+  def bug():
+    raise ValueError("operands could not be broadcast together")
+  with pytest.raises(ValueError, match="broadcast"):
+    cli_errors.report_user_errors(bug)
+  with pytest.raises(FileNotFoundError):
+    cli_errors.report_user_errors(lambda: open("/nonexistent/of/the/library", encoding="utf-8"))
 
 
 def test_help_exits_0_and_says_each_commands_first_paragraph_whole():

@@ -11,7 +11,7 @@ import pytest
 
 from multiformer_jax.evaluation import ctc_prefix
 from multiformer_jax.evaluation.decode import beam_search
-from multiformer_jax.evaluation.inference import make_translate
+from multiformer_jax.evaluation.inference import make_beam_search
 from multiformer_jax.model import S2TModel, init_params
 from multiformer_jax.model.model_config import ModelConfig
 
@@ -196,7 +196,7 @@ def test_joint_score_is_the_weighted_attention_and_ctc_likelihoods_and_padding_f
   rng = np.random.default_rng(2)
   features = rng.normal(size=(2, 20, 8)).astype(np.float32) * 3
   lengths = np.array([20, 13])
-  translate = make_translate(model, beam, 1.0, 0.0, 6, nbest=True, ctc_weight=weight)
+  translate = make_beam_search(model, beam, 1.0, 0.0, 6, nbest=True, ctc_weight=weight)
   tokens, scores = translate(params, jnp.asarray(features), jnp.asarray(lengths))
   for b in range(2):
     alone_tokens, alone_scores = translate(params, jnp.asarray(features[b:b + 1, :lengths[b]]),
@@ -223,9 +223,9 @@ def test_a_model_without_a_ctc_head_decodes_with_attention_alone():
   model, params = tiny_model()
   plain = S2TModel(model.config.__class__(**{**model.config.to_dict(), "ctc_head": False}))
   features, lengths = jnp.ones((1, 12, 8)), jnp.asarray([12])
-  with_weight = make_translate(plain, 2, 1.0, 0.0, 5, ctc_weight=0.3)
-  without = make_translate(plain, 2, 1.0, 0.0, 5)
+  with_weight = make_beam_search(plain, 2, 1.0, 0.0, 5, ctc_weight=0.3)
+  without = make_beam_search(plain, 2, 1.0, 0.0, 5)
   np.testing.assert_array_equal(np.asarray(with_weight(params, features, lengths)),
                                 np.asarray(without(params, features, lengths)))
   with pytest.raises(ValueError, match="eval.ctc_weight=1.2"):
-    make_translate(model, 2, 1.0, 0.0, 5, ctc_weight=1.2)
+    make_beam_search(model, 2, 1.0, 0.0, 5, ctc_weight=1.2)

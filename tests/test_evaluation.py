@@ -111,7 +111,7 @@ def test_scores_by_speaker_are_each_speakers_corpus_scores():
   """results.json's by_tag: one corpus WER per speaker (and per any tag with several values);
   a tag with one value in the split is left out."""
   import types
-  from multiformer_jax.evaluation.evaluate import scores_by_tag
+  from multiformer_jax.evaluation.scoring import scores_by_tag
   references = ["she set the table", "he knows a thing", "it is late", "all right then"]
   hypotheses = ["she set the table", "he knows the thing", "", "all right then"]
   data = types.SimpleNamespace(references=references, tag_values={

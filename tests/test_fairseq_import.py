@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from multiformer_jax import build_model, init_params
-from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
+from multiformer_jax.fairseq_checkpoints.checkpoint import (FairseqImportError, convert_state_dict,
                                             fairseq_model_args, model_config_from_fairseq)
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "fairseq_s2t_tiny.npz")

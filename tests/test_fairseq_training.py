@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from multiformer_jax import build_model
-from multiformer_jax.import_fairseq.checkpoint import convert_state_dict, model_config_from_fairseq
+from multiformer_jax.fairseq_checkpoints.checkpoint import convert_state_dict, model_config_from_fairseq
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.training import steps as steps_lib
 from multiformer_jax.training import transfer

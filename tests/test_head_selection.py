@@ -212,13 +212,13 @@ def test_bad_selection_configs_name_the_value(overrides, message):
 
 
 def test_translate_is_deterministic_unless_noisy_inference_is_asked_for():
-  from multiformer_jax.evaluation.inference import make_translate  # pylint: disable=import-outside-toplevel
+  from multiformer_jax.evaluation.inference import make_beam_search  # pylint: disable=import-outside-toplevel
   feats, lengths, _ = _inputs()
   tasks = jnp.array([0, 1, 2])
   hypotheses = {}
   for mode in ("deterministic", "noisy"):
     model, params = tiny_model(selection_inference=mode)
-    translate = make_translate(model, beam=2, length_penalty=1.0, max_len_a=0.0, max_len_b=6)
+    translate = make_beam_search(model, beam=2, length_penalty=1.0, max_len_a=0.0, max_len_b=6)
     hypotheses[mode] = [np.asarray(translate(params, feats, lengths, tasks, None,
                                              jax.random.PRNGKey(k))) for k in range(4)]
   assert all(np.array_equal(h, hypotheses["deterministic"][0])

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from multiformer_jax import build_model, init_params
-from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
+from multiformer_jax.fairseq_checkpoints.checkpoint import (FairseqImportError, convert_state_dict,
                                                        head_selection_tasks,
                                                        model_config_from_fairseq)
 from multiformer_jax.model import head_selection

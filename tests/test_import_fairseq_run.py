@@ -15,10 +15,10 @@ import soundfile
 
 from data_prep import fairseq_data, vocab
 from data_prep import features as features_lib
-from multiformer_jax.import_fairseq import run as import_fairseq
-from multiformer_jax.analysis import analyze
+from multiformer_jax.fairseq_checkpoints import run_writer
+from multiformer_jax import analyze
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.evaluation import evaluate, inference, translate
+from multiformer_jax.evaluation import scoring, inference, audio_files
 from multiformer_jax.model import S2TModel
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax import schema
@@ -87,23 +87,23 @@ def test_an_imported_checkpoint_evaluates_and_analyses_as_its_parameters_decode(
                                                                                 checkpoint):
   root, out = str(tmp_path / "en-de"), str(tmp_path / "run")
   write_root(root)
-  result = import_fairseq.import_run(checkpoint, root, "st", out)
+  result = run_writer.import_run(checkpoint, root, "st", out)
   config = schema.load_config(out)
   assert config.data.corpus == "fairseq" and config.data.cmvn == "utterance"
-  assert not config.data.specaugment and config.eval.beam == import_fairseq.FAIRSEQ_BEAM
+  assert not config.data.specaugment and config.eval.beam == run_writer.FAIRSEQ_BEAM
   assert result["vocab_size"] == SYMBOLS
 
   # Through the workdir: evaluate reads the saved config, the orbax checkpoint, the index
   # (small batches and short hypotheses keep the test fast; the search is the same).
   config.eval.batch_frames, config.eval.max_len_b = 300, 12
-  scores = evaluate.evaluate_stage(config, out, "st", "dev", progress=False)
+  scores = scoring.evaluate_stage(config, out, "st", "dev", progress=False)
   with open(os.path.join(scores["directory"], "hyp.txt"), encoding="utf-8") as f:
     through_run = f.read().split("\n")[:-1]
   # Directly: the fixture's parameters converted in memory, the same search.
-  model_config, params, _ = import_fairseq.load_checkpoint(checkpoint)
+  model_config, params, _ = run_writer.load_checkpoint(checkpoint)
   data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], stage="st", specaugment=False,
                                         max_frames=150), "dev")
-  translate = inference.make_translate_for(S2TModel(model_config), config.eval)
+  translate = inference.make_beam_search_for(S2TModel(model_config), config.eval)
   direct = inference.decode_split(params, ip.Batcher(data, False), translate, progress=False)
   assert through_run == direct and len(direct) == 4 and scores["utterances"] == 4
 
@@ -137,15 +137,15 @@ def test_an_import_that_does_not_fit_writes_nothing(tmp_path):
   with open(os.path.join(root, "spm_unigram_st.txt"), "a", encoding="utf-8") as f:
     f.write("extra 1\n")
   out = str(tmp_path / "run")
-  with pytest.raises(import_fairseq.FairseqImportError,
+  with pytest.raises(run_writer.FairseqImportError,
                      match=r"numbers 30 symbols .* output layer has 29"):
-    import_fairseq.import_run(FIXTURE, root, "st", out)
+    run_writer.import_run(FIXTURE, root, "st", out)
   assert not os.path.exists(os.path.join(out, "prepared")) and \
       not os.path.exists(os.path.join(out, "st"))
   with pytest.raises(fairseq_data.FairseqDataError, match=r"not found \(the st yaml"):
-    import_fairseq.import_run(FIXTURE, root, "st", out, config_yaml="config_other.yaml")
+    run_writer.import_run(FIXTURE, root, "st", out, config_yaml="config_other.yaml")
   with pytest.raises(FileNotFoundError, match="fairseq checkpoint .*missing.pt not found"):
-    import_fairseq.import_run(str(tmp_path / "missing.pt"), root, "st", out)
+    run_writer.import_run(str(tmp_path / "missing.pt"), root, "st", out)
   assert json.dumps(sorted(os.listdir(tmp_path))) == json.dumps(["en-de"])
 
 
@@ -177,31 +177,31 @@ def test_a_head_selection_checkpoint_imports_with_the_task_ids_it_trained_with(t
   checkpoint = head_selection_checkpoint(
       tmp_path / "hs.npz", task_type="lang",
       train_subset=",".join(f"train_{subset}" for subset in subsets))
-  result = import_fairseq.import_run(checkpoint, root, "st", out)
+  result = run_writer.import_run(checkpoint, root, "st", out)
   config = schema.load_config(out)
   assert (config.model.encoder_task_tag, config.model.decoder_task_tag) == \
       ("source_lang", "target_lang")
   config.eval.batch_frames, config.eval.max_len_b = 300, 12
   ckpt_lib.save_config(out, config)                  # translate reads the run's settings
-  scores = evaluate.evaluate_stage(config, out, "st", "dev", progress=False)
+  scores = scoring.evaluate_stage(config, out, "st", "dev", progress=False)
   with open(os.path.join(scores["directory"], "hyp.txt"), encoding="utf-8") as f:
     through_run = f.read().split("\n")[:-1]
 
   # The same audio translated: each language's files with its --task / --target_lang.
   for subset, (source, target) in zip(subsets, (("de", "en"), ("fr", "es"))):
     paths = [str(wavs / f"ted_dev_{subset}_{i}.wav") for i in range(2)]
-    texts = [r["st"] for r in translate.translate_files(out, paths, ("st",), task=source,
+    texts = [r["st"] for r in audio_files.decode_files(out, paths, ("st",), task=source,
                                                          target_lang=target)]
     first = 0 if source == "de" else 2
     assert texts == through_run[first:first + 2], subset
 
   # Directly, with fairseq's numbering written out: de, fr -> encoder 0, 1; en, es -> decoder.
-  model_config, params, _ = import_fairseq.load_checkpoint(checkpoint)
+  model_config, params, _ = run_writer.load_checkpoint(checkpoint)
   data = ip.SplitData(ip.PipelineConfig(result["prepared_dir"], stage="st", specaugment=False,
                                         max_frames=150), "dev")
   assert list(data.tag_values["source_lang"]) == ["de", "de", "fr", "fr"]
   assert list(data.tag_values["domain"]) == ["tedx"] * 4
-  search = inference.make_translate_for(S2TModel(model_config), config.eval)
+  search = inference.make_beam_search_for(S2TModel(model_config), config.eval)
 
   def decode(encoder_names, decoder_names):
     tasks = {"encoder": ip.TaskKey("source_lang", encoder_names),
@@ -221,8 +221,8 @@ def test_a_head_selection_checkpoint_imports_with_the_task_ids_it_trained_with(t
   # The checkpoint trained on other languages: its ids would mean other heads here.
   other = head_selection_checkpoint(tmp_path / "other.npz", task_type="lang",
                                     train_subset="train_de_en_tedx,train_it_es_tedx")
-  with pytest.raises(import_fairseq.FairseqImportError,
+  with pytest.raises(run_writer.FairseqImportError,
                      match=r"encoder selects heads for \['de', 'it'\] .* source_lang \['de', "
                            r"'fr'\]"):
-    import_fairseq.import_run(other, root, "st", str(tmp_path / "other"))
+    run_writer.import_run(other, root, "st", str(tmp_path / "other"))
   assert not os.path.exists(tmp_path / "other")

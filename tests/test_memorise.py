@@ -1,7 +1,7 @@
 """End to end: a tiny model that memorised a handful of utterances decodes them back exactly.
 
 The real path: prepared TFDS corpus -> batch assembly -> the compiled train step (Adam,
-inverse-sqrt schedule, clipping) -> the jitted cached beam search of `inference.make_translate`
+inverse-sqrt schedule, clipping) -> the jitted cached beam search of `inference.make_beam_search`
 -> SentencePiece detokenisation, compared with the reference text character for character.
 The tiny corpus's audio is tones and noise, so only the audio tells the utterances apart: a
 control run whose encoder output is replaced by zeros must not decode them back.
@@ -17,7 +17,7 @@ from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax import experiment
 from multiformer_jax.training import optimizer
 from multiformer_jax.training import steps
-from multiformer_jax.evaluation.inference import make_translate
+from multiformer_jax.evaluation.inference import make_beam_search
 from multiformer_jax.model import S2TModel
 from multiformer_jax.training.parallel import DataParallel
 
@@ -71,7 +71,7 @@ def memorise(config, task, model_class=S2TModel):
 
 def decode(model, params, data, batch, beam):
   """-> per utterance, the n-best list [(text, token count incl. EOS)], best first."""
-  translate = make_translate(model, beam, 1.0, 0.0, 40, nbest=True)
+  translate = make_beam_search(model, beam, 1.0, 0.0, 40, nbest=True)
   tokens, scores = translate(params, jnp.asarray(batch["features"]),
                              jnp.asarray(batch["lengths"]))
   return [[(data.vocab.decode(row), int((row != 1).sum()) + 1)

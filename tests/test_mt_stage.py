@@ -13,6 +13,7 @@ import pytest
 
 from multiformer_jax import experiment
 from multiformer_jax import model as model_lib
+from data_prep import vocab
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.data import text_pairs as tp
 from multiformer_jax.evaluation.metrics import corpus_bleu
@@ -60,22 +61,22 @@ def test_text_pairs_are_the_st_batchs_source_pieces_and_targets(prepared):
                            (pairs.target, "targets")):
         width = min(length, batch[theirs].shape[1])
         np.testing.assert_array_equal(ours[i, :width], batch[theirs][row, :width])
-        assert set(ours[i, width:]) <= {ip.vocab.PAD_ID}
+        assert set(ours[i, width:]) <= {vocab.PAD_ID}
   short = tp.text_pairs(data, 8)                          # sides cut to 7 pieces + EOS
   assert short.truncated == sum(max(s, t) > 7 for s, t in zip(data.source_tokens.lengths,
                                                                data.tokens.lengths))
-  assert all(ip.vocab.EOS_ID in row for row in short.target)
+  assert all(vocab.EOS_ID in row for row in short.target)
 
 
 def random_pairs(n=203, width=64, seed=0) -> tp.TextPairs:
   rng = np.random.default_rng(seed)
   lengths = rng.integers(3, width - 3, n)
-  source = np.full((n, width), ip.vocab.PAD_ID, np.int32)
+  source = np.full((n, width), vocab.PAD_ID, np.int32)
   target = source.copy()
   for i, length in enumerate(lengths):
     source[i, :length] = rng.integers(4, 30, length)
     target[i, :length - 1] = rng.integers(4, 30, length - 1)
-    source[i, length - 1] = target[i, length - 1] = ip.vocab.EOS_ID
+    source[i, length - 1] = target[i, length - 1] = vocab.EOS_ID
   return tp.TextPairs(source, target.copy(), target, None, [""] * n,
                       np.arange(n).astype(str), 0)
 
@@ -99,7 +100,7 @@ def test_pair_batches_put_each_pair_once_an_epoch_in_the_narrowest_width_that_ho
     np.testing.assert_array_equal(batch["weights"], indices >= 0)
     np.testing.assert_array_equal(batch["source"][indices >= 0], pairs.source[real, :width])
     np.testing.assert_array_equal(batch["targets"][indices >= 0], pairs.target[real, :width])
-    assert np.all(batch["targets"][indices < 0] == ip.vocab.PAD_ID)
+    assert np.all(batch["targets"][indices < 0] == vocab.PAD_ID)
     seen += list(real)
   assert sorted(seen) == list(range(203))                 # every pair once an epoch
   # A function of (seed, epoch): the same plan again, another one the next epoch.

@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from data_prep import corpora, prepare, vocab
-from multiformer_jax import ablate, experiment
-from multiformer_jax.analysis import analyze
-from multiformer_jax.evaluation import decode, evaluate
+from multiformer_jax import experiment
+from multiformer_jax import analyze
+from multiformer_jax.analysis import internals
+from multiformer_jax.evaluation import decode, scoring
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.training import train
+from multiformer_jax.training import results_table, train
 from multiformer_jax.analysis import selection as selection_lib
 from tests.conftest import _good_segments, write_split
 from tests.test_train import tiny_config
@@ -165,14 +166,14 @@ def test_task_names_are_per_stack_and_the_same_in_both_stages(multilingual):
 def test_paper_averages_over_directions_and_languages():
   by_tag = {"pair": {"a-b": {"bleu": 10.0}, "c-b": {"bleu": 20.0}, "d-b": {"bleu": 6.0}},
             "source_lang": {"a": {"wer": 30.0}, "c": {"wer": 50.0}}}
-  averages = evaluate.paper_averages("st", by_tag, ["a-b", "c-b", "d-b"], ["a-b", "c-b"], [])
+  averages = scoring.paper_averages("st", by_tag, ["a-b", "c-b", "d-b"], ["a-b", "c-b"], [])
   assert averages == {"AVG-A": 12.0, "AVG-T": 15.0, "AVG-Z": 6.0, "zero_shot_pairs": ["d-b"]}
   # A direction the model could not translate leaves AVG-A and AVG-Z undefined, not biased.
-  partial = evaluate.paper_averages("st", {"pair": {p: by_tag["pair"][p] for p in ("a-b", "c-b")}},
+  partial = scoring.paper_averages("st", {"pair": {p: by_tag["pair"][p] for p in ("a-b", "c-b")}},
                                     ["a-b", "c-b", "d-b"], ["a-b", "c-b"], ["d-b"])
   assert (partial["AVG-A"], partial["AVG-T"], partial["AVG-Z"]) == (None, 15.0, None)
-  assert evaluate.paper_averages("asr", by_tag, [], [], []) == {"AVG": 40.0}
-  assert ablate.averages({"averages": partial}) == "AVG-A — · AVG-T 15.0 · AVG-Z —"
+  assert scoring.paper_averages("asr", by_tag, [], [], []) == {"AVG": 40.0}
+  assert results_table.averages({"averages": partial}) == "AVG-A — · AVG-T 15.0 · AVG-Z —"
 
 
 def test_head_selection_per_stack_with_a_zero_shot_direction_end_to_end(multilingual, tmp_path):
@@ -195,7 +196,7 @@ def test_head_selection_per_stack_with_a_zero_shot_direction_end_to_end(multilin
   assert st["averages"]["AVG-A"] == pytest.approx(np.mean(list(bleu.values())), abs=0.01)
   with open(os.path.join(st["directory"], "hyp.txt"), encoding="utf-8") as f:
     assert "<lang:" not in f.read()                         # the forced tag is stripped
-  row = ablate.collect_row(workdir, "multi")
+  row = results_table.collect_row(workdir, "multi")
   assert row["st_bleu_by_task"].startswith("en-de ") and " · es-de " in row["st_bleu_by_task"]
   assert row["st_bleu_avg"].startswith("AVG-A ") and row["asr_wer_avg"].startswith("AVG ")
   with open(os.path.join(workdir, "st", "log.jsonl"), encoding="utf-8") as f:
@@ -203,7 +204,7 @@ def test_head_selection_per_stack_with_a_zero_shot_direction_end_to_end(multilin
   assert logged and all(np.isfinite([r["loss"], r["selection_kl"]]).all() for r in logged)
   # What was learned, per source language (encoder) and target language (decoder).
   out = str(tmp_path / "analysis")
-  result = analyze.analyze_selection(analyze.internals.load_run(workdir, "st"), out)
+  result = selection_lib.analyze_selection(internals.load_run(workdir, "st"), out)
   assert result["tasks"] == {"encoder": ["en", "es", "fr"], "decoder": ["de", "en", "es", "fr"]}
   analyze.main(["selection", "--workdir", workdir, "--stage", "st", "--out", out])
   for name in ("encoder_selected.png", "encoder_shared.png", "encoder_load.png",

@@ -61,25 +61,41 @@ def _main_block(path: str) -> list[str]:
   return []
 
 
-def test_every_command_sets_its_process_up_as_its_python_m_form_does():
-  """The console scripts of the commands that compute (evaluate, analyze, translate, train)
-  set the process up first (runtime/process_setup.py: allocator, XLA flags) and are what
-  their `python -m` forms run: those call `cli()` and nothing else."""
+COMMANDS = ("evaluate", "translate", "analyze", "ablate", "import_fairseq")
+
+
+def test_every_command_sits_at_the_package_top_and_sets_its_process_up_one_way():
+  """Each command of the package is multiformer_jax/NAME.py: its console script is that
+  module's `cli`, which its `python -m` form runs and nothing else, and which sets the process
+  up first (runtime/process_setup.py: allocator, XLA flags; the same set_up for train, whose
+  absl flags need their own app) and reports user errors."""
   import inspect  # pylint: disable=import-outside-toplevel
   from multiformer_jax import train  # pylint: disable=import-outside-toplevel
   scripts = _pyproject()["project"]["scripts"]
-  for name in ("multiformer-evaluate", "multiformer-analyze", "multiformer-translate"):
-    module, function = scripts[name].split(":")
-    assert getattr(getattr(importlib.import_module(module), function), "sets_up_process",
-                   False), name
-    assert _main_block(module.replace(".", "/") + ".py") == ["cli()"], name
-  for shim in ("evaluate", "analyze", "translate"):
-    path = f"multiformer_jax/{shim}.py"
+  for command in COMMANDS:
+    name = "multiformer-" + command.replace("_", "-")
+    assert scripts[name] == f"multiformer_jax.{command}:cli", name
+    path = f"multiformer_jax/{command}.py"
     assert _main_block(path) == ["cli()"], path
-    assert importlib.import_module(f"multiformer_jax.{shim}").cli.sets_up_process, path
+    assert importlib.import_module(f"multiformer_jax.{command}").cli.sets_up_process, path
   assert scripts["multiformer-train"] == "multiformer_jax.train:cli"
-  assert "process_setup.set_up(" in inspect.getsource(train.cli)
+  assert "process_setup.set_up()" in inspect.getsource(train.cli)
   assert _main_block("multiformer_jax/train.py") == ["cli()"]
+  assert _main_block("run.py") == ["cli()"]
+
+
+def test_library_modules_hold_no_command_line():
+  """argparse parsers, absl flags and `__main__` blocks are the commands' alone (the package's
+  top-level modules); every module below them is library code a notebook can import."""
+  for directory, _, files in os.walk(os.path.join(REPO, "multiformer_jax")):
+    for name in files:
+      path = os.path.relpath(os.path.join(directory, name), REPO)
+      if not name.endswith(".py") or os.path.dirname(path) == "multiformer_jax":
+        continue
+      with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        text = f.read()
+      assert "ArgumentParser" not in text and "absl import flags" not in text, path
+      assert not _main_block(path), path
 
 
 def test_the_gpu_install_is_one_command_that_the_guide_shows():

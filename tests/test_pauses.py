@@ -11,7 +11,7 @@ import soxr
 
 from data_prep.embedded.voices import Voice, espeak
 from data_prep.audio import SAMPLE_RATE
-from data_prep.common.progress import PeriodicProgress, progress_bar
+from multiformer_common.progress import PeriodicProgress, progress_bar
 from multiformer_jax.evaluation import pauses
 
 SENTENCES = [

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from multiformer_jax.evaluation import rate_norm
-from multiformer_jax.evaluation.inference import make_translate, rate_norm_settings
-from data_prep.common.token_ids import CTC_BLANK_ID
+from multiformer_jax.evaluation.inference import make_beam_search, rate_norm_settings
+from multiformer_common.token_ids import CTC_BLANK_ID
 from multiformer_jax.model import S2TModel
 from tests.test_ctc_prefix import tiny_model
 
@@ -87,8 +87,8 @@ def test_search_reads_the_stretched_frames_of_the_dense_rows_only():
   for b in range(4):
     expected_features[b], expected_lengths[b] = numpy_stretch(features[b], lengths[b],
                                                               factors[b], out_frames)
-  plain = make_translate(model, 3, 1.0, 0.0, 6, nbest=True)
-  normalised = make_translate(model, 3, 1.0, 0.0, 6, nbest=True, rate_norm_target=target,
+  plain = make_beam_search(model, 3, 1.0, 0.0, 6, nbest=True)
+  normalised = make_beam_search(model, 3, 1.0, 0.0, 6, nbest=True, rate_norm_target=target,
                               rate_norm_max_stretch=max_stretch)
   want_tokens, want_scores = plain(params, jnp.asarray(expected_features),
                                    jnp.asarray(expected_lengths))
@@ -102,9 +102,9 @@ def test_a_target_no_utterance_exceeds_decodes_as_without():
   rng = np.random.default_rng(4)
   features = jnp.asarray((rng.normal(size=(3, 20, 8)) * 3).astype(np.float32))
   lengths = jnp.asarray([20, 14, 9])
-  plain = make_translate(model, 3, 1.0, 0.0, 6, nbest=True)
+  plain = make_beam_search(model, 3, 1.0, 0.0, 6, nbest=True)
   # A greedy path emits at most one piece per position: density <= 1.
-  normalised = make_translate(model, 3, 1.0, 0.0, 6, nbest=True, rate_norm_target=1.0,
+  normalised = make_beam_search(model, 3, 1.0, 0.0, 6, nbest=True, rate_norm_target=1.0,
                               rate_norm_max_stretch=1.4)
   (tokens, scores), (want_tokens, want_scores) = (normalised(params, features, lengths),
                                                   plain(params, features, lengths))
@@ -115,12 +115,12 @@ def test_a_target_no_utterance_exceeds_decodes_as_without():
 def test_bad_settings_name_the_value_and_what_is_valid():
   model, _ = tiny_model()
   with pytest.raises(ValueError, match=r"eval.rate_norm_target=-0.1.*positive"):
-    make_translate(model, 2, 1.0, 0.0, 5, rate_norm_target=-0.1)
+    make_beam_search(model, 2, 1.0, 0.0, 5, rate_norm_target=-0.1)
   with pytest.raises(ValueError, match=r"eval.rate_norm_max_stretch=0.5.*\[1, 4\]"):
-    make_translate(model, 2, 1.0, 0.0, 5, rate_norm_target=0.5, rate_norm_max_stretch=0.5)
+    make_beam_search(model, 2, 1.0, 0.0, 5, rate_norm_target=0.5, rate_norm_max_stretch=0.5)
   plain = S2TModel(model.config.__class__(**{**model.config.to_dict(), "ctc_head": False}))
   with pytest.raises(ValueError, match=r"rate_norm_target=0.5.*has none"):
-    make_translate(plain, 2, 1.0, 0.0, 5, rate_norm_target=0.5)
+    make_beam_search(plain, 2, 1.0, 0.0, 5, rate_norm_target=0.5)
 
 
 def test_settings_apply_to_the_listed_stages_and_are_off_by_default():

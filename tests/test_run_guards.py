@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from data_prep import prepare
-from data_prep.common import locks
+from multiformer_common import locks
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import run_record
 from multiformer_jax.runtime.train_log import DONE

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from multiformer_jax.import_fairseq import run as import_fairseq
-from multiformer_jax.import_fairseq import safe_pickle
+from multiformer_jax.fairseq_checkpoints import run_writer
+from multiformer_jax.fairseq_checkpoints import safe_pickle
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,8 +25,8 @@ def test_fairseq_checkpoints_import_as_their_state_dict(name):
   """fairseq 0.12's layout (cfg a dict, model args a Namespace, meters as numpy scalars) and
   0.10's (args a Namespace, cfg an omegaconf DictConfig): the same model and weights as the
   state dict of fairseq_s2t_tiny.npz, bit for bit."""
-  config, params, updates = import_fairseq.load_checkpoint(os.path.join(FIXTURES, name))
-  npz_config, npz_params, _ = import_fairseq.load_checkpoint(
+  config, params, updates = run_writer.load_checkpoint(os.path.join(FIXTURES, name))
+  npz_config, npz_params, _ = run_writer.load_checkpoint(
       os.path.join(FIXTURES, "fairseq_s2t_tiny.npz"))
   assert config == npz_config and updates == 1234
   jax.tree_util.tree_map(np.testing.assert_array_equal, params, npz_params)

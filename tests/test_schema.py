@@ -12,8 +12,8 @@ import sys
 import ml_collections
 import pytest
 
-from data_prep.common import cli_errors, settings
-from data_prep.common.settings import ConfigError
+from multiformer_common import cli_errors, settings
+from multiformer_common.settings import ConfigError
 from data_prep.embedded import spec as embedded_spec
 from multiformer_jax import schema
 from multiformer_jax.data import input_pipeline

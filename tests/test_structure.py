@@ -1,15 +1,16 @@
 """The project's arrows run one way, read from the import statements of every module (those
 inside functions too):
 
-  run.py -> training -> evaluation -> schema -> experiment -> model, data, runtime (the
-  analyses above evaluation: they read a trained stage as it does)
-  multiformer_jax -> data_prep's readers -> data_prep.common
-  data_prep.embedded -> data_prep.common;  configs -> multiformer_jax.schema
+  commands (run.py, the package's top-level modules) -> fairseq_checkpoints -> training ->
+  evaluation -> schema -> experiment -> model, data, runtime (the analyses above evaluation:
+  they read a trained stage as it does)
+  multiformer_jax -> data_prep's readers -> multiformer_common
+  data_prep.embedded -> multiformer_common;  configs -> multiformer_jax.schema
 
 configs/ holds experiments alone: nothing in the package or in data_prep imports it (the
 schema, every key with its default, is multiformer_jax.schema).
 
-data_prep.common (errors, progress, token ids, the package cache) imports nothing of the
+multiformer_common (errors, progress, token ids, the package cache) imports nothing of the
 project: both sides use it. No module imports itself back through others (no circle).
 """
 
@@ -30,6 +31,7 @@ ALLOWED = {
     "evaluation": {"model", "data", "runtime", "experiment", "schema"},
     "analysis": {"model", "data", "runtime", "experiment", "schema", "evaluation"},
     "training": {"evaluation", "model", "data", "runtime", "experiment", "schema"},
+    "fairseq_checkpoints": {"model", "data", "runtime", "experiment", "schema", "training"},
 }
 COMMANDS = {"train", "evaluate", "translate", "analyze", "ablate", "import_fairseq", "__init__"}
 # What each part of the project may import from data_prep ("readers": its modules outside
@@ -43,6 +45,7 @@ DATA_PREP_ALLOWED = {
     "evaluation": {"common", "readers"},
     "analysis": {"common", "readers"},
     "training": {"common", "readers", "embedded"},
+    "fairseq_checkpoints": {"common", "readers"},
     "commands": {"common", "readers"},
 }
 DATA_PREP_PARTS = {        # data_prep's own parts: what they may import of the project
@@ -82,20 +85,22 @@ def package_imports(path: str) -> set[str]:
 
 
 def data_prep_part(dotted: str) -> str:
-  """data_prep.common.x -> common, data_prep.embedded.x -> embedded, data_prep.x -> readers."""
+  """multiformer_common.x -> common (the project's shared core), data_prep.embedded.x ->
+  embedded, data_prep.x -> readers."""
   parts = dotted.split(".")
+  if parts[0] == "multiformer_common":
+    return "common"
   if len(parts) < 2:
     return "readers"
-  return parts[1] if parts[1] in ("common", "embedded") else "readers"
+  return "embedded" if parts[1] == "embedded" else "readers"
 
 
 def project_imports(path: str) -> set[str]:
   """The data_prep parts and configs a module imports."""
   found = set()
   for name in imported_modules(path):
-    if name.startswith("data_prep.") or name == "data_prep":
-      if name != "data_prep":
-        found.add(data_prep_part(name))
+    if name.startswith(("data_prep.", "multiformer_common")):
+      found.add(data_prep_part(name))
     elif name.split(".")[0] == "configs":
       found.add("configs")
   return found
@@ -139,6 +144,16 @@ def test_data_prep_never_imports_upward(path):
                     f"{sorted(DATA_PREP_PARTS[part]) or 'nothing of the project'}"
 
 
+@pytest.mark.parametrize("path", sorted(p for _, p in modules("multiformer_common")))
+def test_the_shared_core_imports_nothing_of_the_project(path):
+  """multiformer_common is below both data_prep and multiformer_jax: it imports neither, nor
+  configs (only itself)."""
+  names = imported_modules(path)
+  wrong = sorted(n for n in names if n.split(".")[0] in ("multiformer_jax", "data_prep",
+                                                          "configs"))
+  assert not wrong, f"{path} imports {wrong}: the shared core imports nothing of the project"
+
+
 def test_configs_read_only_the_schema_and_each_other():
   """An experiment starts from multiformer_jax.schema (or another experiment) and sets keys;
   it needs nothing else of the project."""
@@ -164,7 +179,7 @@ def _module_graph() -> dict[str, set[str]]:
   """{module: the project modules it imports} over multiformer_jax, data_prep and configs;
   `from a import b` is an edge to a.b where that is a module, else to a."""
   paths = {}
-  for package in ("multiformer_jax", "data_prep", "configs"):
+  for package in ("multiformer_jax", "multiformer_common", "data_prep", "configs"):
     for directory, _, files in os.walk(os.path.join(ROOT, package)):
       for name in files:
         if name.endswith(".py"):

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from multiformer_jax import ModelConfig, build_model, format_layout, init_params, parse_layout
-from multiformer_jax.import_fairseq import thesis
-from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
+from multiformer_jax.fairseq_checkpoints import thesis
+from multiformer_jax.fairseq_checkpoints.checkpoint import (FairseqImportError, convert_state_dict,
                                                        load_fairseq_checkpoint,
                                                        model_config_from_fairseq)
 from multiformer_jax.model.attention.conv import ConvAttention

@@ -22,7 +22,7 @@ from multiformer_jax.training import stage as stage_lib
 from multiformer_jax import model as model_lib
 from multiformer_jax.training import optimizer
 from multiformer_jax.training import steps
-from data_prep.common import token_ids
+from multiformer_common import token_ids
 from multiformer_jax.training import transfer
 from multiformer_jax.evaluation.metrics import corpus_wer, normalize_for_wer
 from multiformer_jax.training.loss import label_smoothed_nll
@@ -97,11 +97,11 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   st_encoder = st.params(1)["encoder"]
   jax.tree_util.tree_map(np.testing.assert_array_equal, asr_encoder, st_encoder)
   # The results table of run.py / ablate.
-  from multiformer_jax import ablate
-  row = ablate.collect_row(workdir, "tiny")
+  from multiformer_jax.training import results_table
+  row = results_table.collect_row(workdir, "tiny")
   assert row["asr_wer"] == results["asr"]["eval"]["wer"]
   assert row["st_bleu"] == results["st"]["eval"]["bleu"] and row["status"] == "done"
-  md_path, csv_path = ablate.write_table([row], workdir)
+  md_path, csv_path = results_table.write_table([row], workdir)
   with open(md_path, encoding="utf-8") as f:
     table = f.read()
   assert f"`{config.model.encoder_layout}`" in table
@@ -124,11 +124,11 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
     assert example["st_hyp"] == st_hyps[ids.index(example["id"])]
   assert shown[0]["id"] in curves.format_examples(shown)
   # n-best rescoring with a word LM at a negligible weight keeps the search's best hypotheses.
-  from multiformer_jax.evaluation import evaluate
+  from multiformer_jax.evaluation import scoring
   with open(os.path.join(results["asr"]["eval"]["directory"], "hyp.txt"),
             encoding="utf-8") as f:
     searched = f.read()
-  rescored = evaluate.evaluate_stage(config, workdir, "asr", "dev", progress=False,
+  rescored = scoring.evaluate_stage(config, workdir, "asr", "dev", progress=False,
                                      lm_weight=1e-9)
   assert rescored["lm"] == {"weight": 1e-9, "order": 3, "unigram": "wordfreq"}
   assert "word 3-gram LM" in rescored["search"]
@@ -139,7 +139,7 @@ def test_two_stage_run_end_to_end(prepared, tmp_path):
   with open(os.path.join(rescored["directory"], "hyp.txt"), encoding="utf-8") as f:
     assert f.read() == searched
   with open(csv_path, encoding="utf-8") as f:
-    assert f.read().startswith(",".join(ablate.COLUMNS))
+    assert f.read().startswith(",".join(results_table.COLUMNS))
   # Rerunning the command skips the finished stages.
   again = train.train_and_evaluate(tiny_config(prepared_dir), workdir)
   assert again["st"]["train"] == results["st"]["train"]

@@ -12,7 +12,8 @@ import soundfile
 from data_prep import corpora
 from data_prep.audio import SAMPLE_RATE, cut_segment, load_audio
 from multiformer_jax.training import train
-from multiformer_jax.evaluation import pauses, translate
+from multiformer_jax import translate
+from multiformer_jax.evaluation import audio_files, pauses
 from multiformer_jax.evaluation import results as eval_results
 from multiformer_jax import schema
 from tests.test_train import tiny_config
@@ -63,7 +64,7 @@ def test_a_file_decodes_as_evaluation_decodes_the_same_audio(prepared, evaluated
     soundfile.write(path, segment, SAMPLE_RATE, subtype="FLOAT")     # the exact samples
     paths.append(path)
     audio.append(segment)
-  results = translate.translate_files(evaluated_run, paths, segment_seconds=1000.0)
+  results = audio_files.decode_files(evaluated_run, paths, segment_seconds=1000.0)
   for stage in ("asr", "st"):
     directory = eval_results.find(evaluated_run, stage, "dev",
                                   schema.load_config(evaluated_run))
@@ -78,14 +79,14 @@ def test_a_file_decodes_as_evaluation_decodes_the_same_audio(prepared, evaluated
   limit = (len(audio[0]) + len(pause) // 2) / SAMPLE_RATE + 0.1
   path = str(tmp_path / "joined.wav")
   soundfile.write(path, joined, SAMPLE_RATE, subtype="FLOAT")
-  (result,) = translate.translate_files(evaluated_run, [path], ("asr",), segment_seconds=limit)
+  (result,) = audio_files.decode_files(evaluated_run, [path], ("asr",), segment_seconds=limit)
   assert result["segments"] == 2
   cut = pauses.pause_cuts(joined, limit)[0][1]
   assert len(audio[0]) < cut < len(audio[0]) + len(pause)
   parts = [str(tmp_path / "first.wav"), str(tmp_path / "second.wav")]
   soundfile.write(parts[0], joined[:cut], SAMPLE_RATE, subtype="FLOAT")
   soundfile.write(parts[1], joined[cut:], SAMPLE_RATE, subtype="FLOAT")
-  alone = translate.translate_files(evaluated_run, parts, ("asr",), segment_seconds=1000.0)
+  alone = audio_files.decode_files(evaluated_run, parts, ("asr",), segment_seconds=1000.0)
   assert result["asr"] == " ".join(r["asr"] for r in alone if r["asr"])
 
 
@@ -98,20 +99,20 @@ def test_many_lengths_compile_one_program_per_bucket_and_decode_as_alone(evaluat
   for i, seconds in enumerate(np.linspace(0.3, 3.9, 24)):
     paths.append(str(tmp_path / f"f{i:02d}.wav"))
     _tone(seconds, paths[-1])
-  translator = translate.FileTranslator(evaluated_run, segment_seconds=4.0)
-  assert translator.edges == [256, 400]
-  streamed = list(translator.translate(paths))
+  decoder = audio_files.FileDecoder(evaluated_run, segment_seconds=4.0)
+  assert decoder.edges == [256, 400]
+  streamed = list(decoder.decode(paths))
   assert sorted(r["index"] for r in streamed) == list(range(24))
-  compiled = translator.compiled_programs()
+  compiled = decoder.compiled_programs()
   assert set(compiled) == {"asr", "st"}
-  assert all(1 <= n <= len(translator.edges) for n in compiled.values()), compiled
+  assert all(1 <= n <= len(decoder.edges) for n in compiled.values()), compiled
   by_index = {r["index"]: r for r in streamed}
   for i in (0, 11, 23):
-    (alone,) = translate.translate_files(evaluated_run, [paths[i]], segment_seconds=4.0)
+    (alone,) = audio_files.decode_files(evaluated_run, [paths[i]], segment_seconds=4.0)
     assert alone == {k: v for k, v in by_index[i].items() if k != "index"}
   # The API: the same texts, in the order given, each also handed over as it is decoded.
   seen = []
-  listed = translate.translate_files(evaluated_run, paths[:5], segment_seconds=4.0,
+  listed = audio_files.decode_files(evaluated_run, paths[:5], segment_seconds=4.0,
                                      on_result=seen.append)
   assert [r["path"] for r in listed] == paths[:5]
   assert sorted(r["path"] for r in seen) == paths[:5]
@@ -124,10 +125,10 @@ def test_a_bounded_number_of_files_is_held_open(evaluated_run, tmp_path):
   paths = [str(tmp_path / f"g{i}.wav") for i in range(9)]
   for i, path in enumerate(paths):
     _tone(0.5 if i % 3 else 3.0, path)        # mostly short, a long one now and then
-  translator = translate.FileTranslator(evaluated_run, ("asr",), segment_seconds=4.0,
+  decoder = audio_files.FileDecoder(evaluated_run, ("asr",), segment_seconds=4.0,
                                         batch_frames=800)
-  assert translator.batch_sizes == [3, 2] and translator.max_open_files == 6
-  order = [r["index"] for r in translator.translate(paths)]
+  assert decoder.batch_sizes == [3, 2] and decoder.max_open_files == 6
+  order = [r["index"] for r in decoder.decode(paths)]
   assert sorted(order) == list(range(9))
 
 
@@ -147,7 +148,7 @@ def test_bad_files_are_named_and_the_others_decoded(evaluated_run, tmp_path):
   nans = str(tmp_path / "nans.wav")
   soundfile.write(nans, np.full(SAMPLE_RATE, np.nan, np.float32), SAMPLE_RATE, subtype="FLOAT")
   paths = [str(tmp_path / "nowhere.wav"), str(corrupt), good, empty, silent, short, nans]
-  results = translate.translate_files(evaluated_run, paths)
+  results = audio_files.decode_files(evaluated_run, paths)
   reasons = [r.get("error", "") for r in results]
   expected = ["missing audio file", "unreadable audio", "", "empty audio", "silent",
               "shorter than one 25 ms analysis window", "non-finite samples"]
@@ -155,7 +156,7 @@ def test_bad_files_are_named_and_the_others_decoded(evaluated_run, tmp_path):
     assert want in reason and (not want or reason.startswith(path)), (path, reason)
   assert isinstance(results[2]["st"], str) and results[2]["segments"] == 1
   with pytest.raises(ValueError, match=r"segment_seconds=0"):
-    translate.translate_files(evaluated_run, [good], segment_seconds=0)
+    audio_files.decode_files(evaluated_run, [good], segment_seconds=0)
 
 
 def test_the_command_streams_to_a_file_and_a_rerun_skips_what_is_there(evaluated_run, tmp_path,
@@ -189,8 +190,8 @@ def test_the_command_streams_to_a_file_and_a_rerun_skips_what_is_there(evaluated
 
 
 def test_rate_norm_target_replaces_the_runs_and_is_checked(evaluated_run):
-  assert translate.FileTranslator(evaluated_run, ("asr",)).config.eval.rate_norm_target == 0.05
-  off = translate.FileTranslator(evaluated_run, ("asr",), rate_norm_target=0.0)
+  assert audio_files.FileDecoder(evaluated_run, ("asr",)).config.eval.rate_norm_target == 0.05
+  off = audio_files.FileDecoder(evaluated_run, ("asr",), rate_norm_target=0.0)
   assert off.config.eval.rate_norm_target == 0.0
   with pytest.raises(ValueError, match=r"eval.rate_norm_target=-1.0"):
-    translate.FileTranslator(evaluated_run, ("asr",), rate_norm_target=-1.0)
+    audio_files.FileDecoder(evaluated_run, ("asr",), rate_norm_target=-1.0)

@@ -8,5 +8,5 @@ this machine from what the package registries install, nothing downloaded from a
 - build.py     the build in MuST-C's layout (python -m data_prep.embedded --out DIR)
 - speak.py     a text file's lines recorded by any voice (python -m data_prep.embedded.speak)
 
-Packages are fetched into one cache (data_prep.common.packages.cache_root()).
+Packages are fetched into one cache (multiformer_common.packages.cache_root()).
 """

@@ -30,8 +30,9 @@ import os
 
 import numpy as np
 
-from data_prep.common import atomic, cli_errors
-from data_prep.common.progress import progress_bar
+from multiformer_common.errors import ExistingOutput
+from multiformer_common import atomic, cli_errors
+from multiformer_common.progress import progress_bar
 from data_prep.embedded import recorded, text, voices
 from data_prep.embedded.plan import (plan_direction, plan_spoken_text, real_heldout_lines,
                                      split_variants, unseen_voices)
@@ -182,7 +183,7 @@ def is_built(root: str, spec: CorpusSpec) -> bool:
   with open(marker, encoding="utf-8") as f:
     if json.load(f).get("spec") == _spec_json(spec):
       return True
-  raise FileExistsError(f"{root} was built with a different spec or speaker set; remove it "
+  raise ExistingOutput(f"{root} was built with a different spec or speaker set; remove it "
                         f"(and any corpus prepared from it) or build into another directory "
                         f"(--out here, data.root in a config)")
 

@@ -17,7 +17,8 @@ import os
 
 import numpy as np
 
-from data_prep.common import cli_errors
+from multiformer_common.errors import InvalidValue
+from multiformer_common import cli_errors
 from data_prep.embedded.voices import (ENGINE_VOICES, ENGINES, Voice, cache_dir as voices_cache,
                                        speak, voice_names, write_wav)
 
@@ -28,9 +29,9 @@ def parse_rate(text: str) -> tuple[int, int]:
     low, _, high = text.partition("-")
     bounds = int(low), int(high or low)
   except ValueError:
-    raise ValueError(f"--rate {text!r}; valid: words a minute, one (170) or a range (140-200)")
+    raise InvalidValue(f"--rate {text!r}; valid: words a minute, one (170) or a range (140-200)")
   if not 80 <= bounds[0] <= bounds[1] <= 450:
-    raise ValueError(f"--rate {text!r}; valid: 80 <= low <= high <= 450 words a minute")
+    raise InvalidValue(f"--rate {text!r}; valid: 80 <= low <= high <= 450 words a minute")
   return bounds
 
 
@@ -38,15 +39,15 @@ def check_voices(engine: str, voices: list[str]):
   """A ValueError naming the valid voices of `engine` (espeak-ng's variants are checked when
   spoken)."""
   if engine not in ENGINES:
-    raise ValueError(f"--engine {engine!r}; valid: {', '.join(ENGINES)}")
+    raise InvalidValue(f"--engine {engine!r}; valid: {', '.join(ENGINES)}")
   if not voices or not all(voices):
-    raise ValueError("--voices is empty; give one or more, separated by commas")
+    raise InvalidValue("--voices is empty; give one or more, separated by commas")
   if engine == "espeak":
     return
   valid = voice_names(ENGINE_VOICES[engine])
   for voice in voices:
     if voice not in valid:
-      raise ValueError(f"{engine} voice {voice!r}; valid: {', '.join(valid)}")
+      raise InvalidValue(f"{engine} voice {voice!r}; valid: {', '.join(valid)}")
 
 
 def speak_lines(lines: list[str], out_dir: str, engine: str, voices: list[str],

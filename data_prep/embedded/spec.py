@@ -13,8 +13,9 @@ import argparse
 import dataclasses
 from typing import Any, Mapping
 
-from data_prep.common import packages
-from data_prep.common.settings import setting
+from multiformer_common.errors import InvalidValue
+from multiformer_common import packages
+from multiformer_common.settings import setting
 from data_prep.embedded import recorded, voices
 from data_prep.embedded.text import TEXT_SOURCES, bible
 
@@ -86,58 +87,58 @@ class CorpusSpec:
       0.0, "share of the synthetic training talks band-limited to the games' 5.5 kHz (their "
            "11,025 Hz sampling), so that bandwidth tells the model nothing")
   cache_root: str = setting(
-      "", "where fetched packages are kept ('' = data_prep.common.packages.cache_root())",
+      "", "where fetched packages are kept ('' = multiformer_common.packages.cache_root())",
       config_key=False)
 
   def __post_init__(self):
     if not self.text or set(self.text) - set(TEXT_SOURCES):
-      raise ValueError(f"embedded corpus text sources {','.join(self.text)!r}; valid: "
+      raise InvalidValue(f"embedded corpus text sources {','.join(self.text)!r}; valid: "
                        f"comma-separated {', '.join(TEXT_SOURCES)}")
     unknown = [l for l in self.sources + (self.target,) if l not in ESPEAK_VOICE]
     if unknown:
-      raise ValueError(f"embedded corpus language(s) {unknown}; valid: {sorted(ESPEAK_VOICE)}")
+      raise InvalidValue(f"embedded corpus language(s) {unknown}; valid: {sorted(ESPEAK_VOICE)}")
     if self.train_speakers_per_sentence < 1:
-      raise ValueError(f"speakers per training sentence {self.train_speakers_per_sentence}; "
+      raise InvalidValue(f"speakers per training sentence {self.train_speakers_per_sentence}; "
                        f"valid: 1 or more")
     if "espeak" not in self.synthesizers or set(self.synthesizers) - set(voices.ENGINES):
-      raise ValueError(f"embedded corpus synthesizers {','.join(self.synthesizers)!r}; valid: "
+      raise InvalidValue(f"embedded corpus synthesizers {','.join(self.synthesizers)!r}; valid: "
                        f"espeak plus any of {', '.join(voices.ENGINES[1:])}, comma-separated")
     if self.unseen_synthesizer and (self.unseen_synthesizer not in voices.ENGINES[1:] or
                                     self.unseen_synthesizer in self.synthesizers):
-      raise ValueError(f"embedded corpus unseen synthesizer {self.unseen_synthesizer!r}; valid: "
+      raise InvalidValue(f"embedded corpus unseen synthesizer {self.unseen_synthesizer!r}; valid: "
                        f"one of {', '.join(voices.ENGINES[1:])} that training does not use "
                        f"({', '.join(self.synthesizers)})")
     if not 0.0 <= self.other_synthesizer_share < 1.0 or (
         self.other_synthesizer_share and self.synthesizers == ("espeak",)):
-      raise ValueError(f"embedded corpus other_synthesizer_share {self.other_synthesizer_share}"
+      raise InvalidValue(f"embedded corpus other_synthesizer_share {self.other_synthesizer_share}"
                        f"; valid: 0 (proportional to the voices) or a share in (0, 1) with a "
                        f"synthesizer besides espeak among the synthesizers "
                        f"({', '.join(self.synthesizers)})")
     if set(self.recorded_train) - set(RECORDED_TRAIN_GAMES):
-      raise ValueError(f"embedded corpus recorded_train {','.join(self.recorded_train)!r}; "
+      raise InvalidValue(f"embedded corpus recorded_train {','.join(self.recorded_train)!r}; "
                        f"valid: any of {', '.join(RECORDED_TRAIN_GAMES)}, comma-separated (or "
                        f"nothing)")
     if not 0.0 < self.uqm_share <= 1.0:
-      raise ValueError(f"embedded corpus uqm_share {self.uqm_share}; valid: a share in (0, 1]")
+      raise InvalidValue(f"embedded corpus uqm_share {self.uqm_share}; valid: a share in (0, 1]")
     if set(self.spoken_dialogue) - set(SPOKEN_DIALOGUE_GAMES):
-      raise ValueError(f"embedded corpus spoken_dialogue {','.join(self.spoken_dialogue)!r}; "
+      raise InvalidValue(f"embedded corpus spoken_dialogue {','.join(self.spoken_dialogue)!r}; "
                        f"valid: any of {', '.join(SPOKEN_DIALOGUE_GAMES)}, comma-separated (or "
                        f"nothing)")
     if self.real_test not in ("", "sky"):
-      raise ValueError(f"embedded corpus real_test {self.real_test!r}; valid: sky or ''")
+      raise InvalidValue(f"embedded corpus real_test {self.real_test!r}; valid: sky or ''")
     if self.real_test and ("en" not in self.sources or
                            self.target not in REAL_TEST_LANGUAGES):
-      raise ValueError(f"embedded corpus real_test={self.real_test!r} needs English among the "
+      raise InvalidValue(f"embedded corpus real_test={self.real_test!r} needs English among the "
                        f"sources and a target in {', '.join(REAL_TEST_LANGUAGES)} (the game's "
                        f"subtitles); got sources {','.join(self.sources)}, target "
                        f"{self.target}")
     if self.real_test and self.real_heldout < 1:
-      raise ValueError(f"embedded corpus real_heldout {self.real_heldout}; valid: 1 or more")
+      raise InvalidValue(f"embedded corpus real_heldout {self.real_heldout}; valid: 1 or more")
     if not 0.0 <= self.narrowband_share <= 1.0:
-      raise ValueError(f"embedded corpus narrowband_share {self.narrowband_share}; valid: a "
+      raise InvalidValue(f"embedded corpus narrowband_share {self.narrowband_share}; valid: a "
                        f"share in [0, 1]")
     if self.bible_english not in bible.ENGLISH:
-      raise ValueError(f"embedded corpus bible_english {self.bible_english!r}; valid: "
+      raise InvalidValue(f"embedded corpus bible_english {self.bible_english!r}; valid: "
                        f"{', '.join(sorted(bible.ENGLISH))}")
 
   def package_cache(self) -> str:
@@ -178,7 +179,7 @@ def specs_from_settings(settings: Mapping[str, Any]) -> list[CorpusSpec]:
   target language. An unknown key is named with the valid ones."""
   unknown = sorted(set(settings) - set(FIELDS))
   if unknown:
-    raise ValueError(f"embedded corpus settings {unknown} do not exist; valid: "
+    raise InvalidValue(f"embedded corpus settings {unknown} do not exist; valid: "
                      f"{', '.join(FIELDS)}")
   values = {}
   for name, value in settings.items():

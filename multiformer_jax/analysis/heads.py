@@ -10,9 +10,13 @@ median over utterances.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+from multiformer_jax.analysis import internals, plots
 from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.runtime import tables
 
 
 def head_labels(layer_layout: layout_lib.LayerLayout) -> list[str]:
@@ -73,3 +77,41 @@ class HeadShareAccumulator:
 
   def result(self) -> np.ndarray:
     return np.stack([np.median(np.stack(rows), axis=0) for rows in self.per_layer])
+
+
+def analyze_heads(run: internals.Run, out_dir: str, num_utterances: int = 100,
+                  batch_size: int = 8, seed: int = 0, progress: bool = True) -> dict:
+  """W_o rows and W_v columns per head; output-norm share per head. Returns paths and arrays."""
+  os.makedirs(out_dir, exist_ok=True)
+  layout = run.layout
+  labels = [head_labels(layer) for layer in layout]
+  blocks = layer_weight_blocks(run.params, layout)
+  accumulator = HeadShareAccumulator()
+  chosen = internals.sample_utterances(run.data, num_utterances, seed)
+  count = len(chosen)
+  for _, layers in internals.per_utterance(run, chosen, batch_size, False, progress):
+    accumulator.add(layers)
+  output_share = accumulator.result()
+  weight_share = weight_norm_shares(blocks)
+  tag = run.stage
+  paths = {
+      "W_o": plots.head_weight_distributions(blocks, labels, "W_o",
+                                             os.path.join(out_dir, f"head_weights_W_o_{tag}.png")),
+      "W_v": plots.head_weight_distributions(blocks, labels, "W_v",
+                                             os.path.join(out_dir, f"head_weights_W_v_{tag}.png")),
+      "output_share": plots.head_heatmap(
+          output_share, labels, f"head output-norm share ({run.describe(count)})",
+          os.path.join(out_dir, f"head_output_share_{tag}.png")),
+  }
+  rows = []
+  for l, layer_labels in enumerate(labels):
+    for h, label in enumerate(layer_labels):
+      rows.append({"layer": l + 1, "head": h + 1, "kind": label,
+                   "output_share": float(output_share[l, h]),
+                   "W_o_norm_share": float(weight_share["W_o"][l, h]),
+                   "W_v_norm_share": float(weight_share["W_v"][l, h]),
+                   "W_o_abs_mean": float(np.abs(blocks[l]["W_o"][h]).mean()),
+                   "W_v_abs_mean": float(np.abs(blocks[l]["W_v"][h]).mean())})
+  paths["table"] = tables.write_table(rows, os.path.join(out_dir, f"heads_{tag}"),
+                                      title=f"Head analysis: {run.describe(count)}").md
+  return {"paths": paths, "output_share": output_share, "rows": rows}

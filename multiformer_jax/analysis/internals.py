@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep.common.progress import progress_bar
+from multiformer_common.progress import progress_bar
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.analysis import contributions as contrib
 from multiformer_jax.model import S2TModel
@@ -44,6 +44,11 @@ class Run:
   @property
   def layout(self):
     return self.model.config.layout
+
+  def describe(self, count: int) -> str:
+    """'s2t_v2, st best, 100 utterances of dev': what an analysis's figures were made from."""
+    return (f"{self.config.name}, {self.stage} {self.checkpoint}, {count} utterances of "
+            f"{self.data.split}")
 
 
 def load_run(workdir: str, stage: str, split: str | None = None, checkpoint: str = "best",

@@ -8,11 +8,16 @@ kinds a task selects are the automatic counterpart of the thesis's W_o-driven la
 from __future__ import annotations
 
 import collections
+import os
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
+from multiformer_jax import experiment
+from multiformer_jax.analysis import internals, plots
 from multiformer_jax.model import head_selection
 from multiformer_jax.model import layout as layout_lib
+from multiformer_jax.runtime import tables
 
 
 def selection_masks(logits: np.ndarray, num_heads: int, strategy: str) -> np.ndarray:
@@ -89,3 +94,52 @@ def drift_rows(stacks_now: dict, stacks_initial: dict, stage: str) -> list[dict]
                  "selected_not_selected_at_init": float(
                      1 - (info["masks"] & start["masks"]).sum() / info["masks"].sum())})
   return rows
+
+
+def analyze_selection(run: internals.Run, out_dir: str) -> dict:
+  """Per stack (encoder, decoder self-attention) of a head-selection model: the selected heads
+  per task and layer, heads shared between tasks, load per head; tables of the selection and
+  of the kinds each task uses."""
+  found = stacks(run.model.config, run.params)
+  if not found:
+    raise InvalidValue(f"{run.config.name} selects no heads (model.encoder_candidates and "
+                     f"model.decoder_candidates are 0): nothing to analyse")
+  os.makedirs(out_dir, exist_ok=True)
+  source = f"{run.config.name}, {run.stage} {run.checkpoint}"
+  paths, kinds, names_by_stack = {}, {}, {}
+  for stack, info in found.items():
+    masks, labels = info["masks"], info["labels"]
+    names = names_by_stack[stack] = run.task_names(stack)
+    base = os.path.join(out_dir, f"{run.stage}_{stack}")
+    paths[f"{stack}_selected"] = plots.selected_heads(
+        masks, labels, names, f"{stack} heads selected per task ({source})",
+        base + "_selected.png")
+    paths[f"{stack}_shared"] = plots.shared_heads(
+        shared_heads(masks), names,
+        f"{stack}: share of a task's heads also used by another", base + "_shared.png")
+    paths[f"{stack}_load"] = plots.head_load(
+        head_load(masks), labels, len(names),
+        f"{stack}: tasks using each head", base + "_load.png")
+    paths[f"{stack}_table"] = tables.write_table(
+        selection_rows(masks, labels, names), base + "_selection",
+        title=f"Heads selected at inference ({stack}, {source})").md
+    kinds[stack] = kinds_per_task(masks, labels, names)
+    paths[f"{stack}_kinds"] = tables.write_table(
+        kinds[stack], base + "_kinds", title=f"Selected heads per kind ({stack}, {source})").md
+  drift = drift_rows(found, stacks(
+      run.model.config, initial_selection_params(run)), run.stage)
+  paths["drift"] = tables.write_table(
+      drift, os.path.join(out_dir, f"{run.stage}_drift"),
+      title=f"Selection logits against their initial values ({source})").md
+  return {"paths": paths, "kinds": kinds, "tasks": names_by_stack, "drift": drift}
+
+
+def initial_selection_params(run: internals.Run):
+  """The initial parameters of the run's selection logits, re-drawn from its seed. The ST
+  encoder starts from the ASR encoder when the run trained ASR first, so its initial encoder
+  logits are the ASR stage's."""
+  initial = experiment.initial_params(run.model, experiment.stage_key(run.config, run.stage))
+  if run.stage == "st" and "asr" in run.config.train.stages:
+    asr_start = experiment.initial_params(run.model, experiment.stage_key(run.config, "asr"))
+    initial = {**initial, "encoder": asr_start["encoder"]}
+  return initial

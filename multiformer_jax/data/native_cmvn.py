@@ -1,7 +1,7 @@
 """Per-utterance CMVN by a small C++ function (cpu/cmvn.cc), from the prepared features into
 the batch: one read of the features for the statistics and one for the result, about ten times
 numpy's speed, the same float32 values bit for bit (tests/test_loader.py). Built on first use
-with the system's C++ compiler (data_prep.common.native_build); where it cannot be built the
+with the system's C++ compiler (multiformer_common.native_build); where it cannot be built the
 numpy function (data_prep.features.utterance_cmvn_in_place) does the same work, and the
 reason is logged once."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from data_prep import features as features_lib
-from data_prep.common import native_build
+from multiformer_common import native_build
 
 SOURCE = Path(__file__).with_name("cpu") / "cmvn.cc"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fno-fast-math", "-shared", "-fPIC",

@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-from data_prep.common.token_ids import EOS_ID, PAD_ID
+from multiformer_common.errors import InvalidValue
+from multiformer_common.token_ids import EOS_ID, PAD_ID
 from multiformer_jax.data import input_pipeline as ip
 
 MAX_PAIR_LENGTH = 128        # the widest pair arrays when mt.length is 0 (automatic)
@@ -77,7 +78,7 @@ def with_text_only(pairs: TextPairs, data: ip.SplitData) -> TextPairs:
   """`pairs` and the prepared parallel text without speech of `data`'s pairs (ASR pieces on
   the source side, the ST vocabulary's on the target side), as more rows."""
   if pairs.prefix is not None:
-    raise ValueError("mt.text_only: the text without speech has no target-language tags; "
+    raise InvalidValue("mt.text_only: the text without speech has no target-language tags; "
                      "use it with a single-target corpus (data.target_lang_tag=false)")
   used = sorted(set(map(str, data.tag_values["pair"])))
   source_lang, target_lang = used[0].split("-")
@@ -117,7 +118,7 @@ class TextPairBatcher:
                process_count: int = 1):
     multiple = global_batch_multiple * process_count
     if batch_size < multiple or batch_size % multiple:
-      raise ValueError(f"mt.batch={batch_size} pairs do not split evenly over {multiple} "
+      raise InvalidValue(f"mt.batch={batch_size} pairs do not split evenly over {multiple} "
                        f"device(s); valid: a multiple of {multiple}")
     self.pairs, self.train, self.seed = pairs, train, seed
     self.process_index, self.process_count = process_index, process_count

@@ -30,7 +30,8 @@ import weakref
 
 import numpy as np
 
-from data_prep.common import signals
+from multiformer_common.errors import InvalidValue, ResourceError
+from multiformer_common import signals
 
 POLL_S = 1.0           # how often a wait for a batch checks that the workers are alive
 
@@ -71,7 +72,7 @@ class _Slot:
           os.ftruncate(self.fd, size)
     except OSError as error:
       self.close()
-      raise OSError(error.errno, f"no memory for a training batch slot of {size / 2**20:.0f} "
+      raise ResourceError(error.errno, f"no memory for a training batch slot of {size / 2**20:.0f} "
                     f"MiB ({error.strerror}): lower data.loader_workers (each has two slots) "
                     f"or data.max_frames") from None
     self.map = mmap.mmap(self.fd, size)
@@ -164,7 +165,7 @@ class WorkerPool:
 
   def __init__(self, batcher, workers: int):
     if workers < 1:
-      raise ValueError(f"data.loader_workers={workers}; a worker pool needs at least 1")
+      raise InvalidValue(f"data.loader_workers={workers}; a worker pool needs at least 1")
     self.batcher = batcher
     self.slots = SlotPool(batch_bytes(batcher), shared=True)
     self._task_slot = {}                     # number -> slot of submitted, untaken batches

@@ -41,6 +41,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.evaluation import ctc_prefix
 
 NEG_INF = -jnp.inf
@@ -91,7 +92,7 @@ def check_no_repeat_ngram_size(n: int, label: str):
   which bans every token already produced and the start token EOS with them, so that no
   hypothesis can end."""
   if n < 0 or n == 1:
-    raise ValueError(f"{label}: valid values are 0 (off) or an n-gram length >= 2 (fairseq's "
+    raise InvalidValue(f"{label}: valid values are 0 (off) or an n-gram length >= 2 (fairseq's "
                      "--no-repeat-ngram-size)")
 
 
@@ -129,7 +130,7 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
   """
   check_no_repeat_ngram_size(no_repeat_ngram_size, f"no_repeat_ngram_size {no_repeat_ngram_size}")
   if 2 * beam > vocab - 1:
-    raise ValueError(f"beam {beam} needs a vocabulary of at least {2 * beam + 1} tokens "
+    raise InvalidValue(f"beam {beam} needs a vocabulary of at least {2 * beam + 1} tokens "
                      f"(2 x beam candidates, pad excluded); this one has {vocab}")
   if prefix_tokens is not None:
     prefix_tokens = jnp.asarray(prefix_tokens, jnp.int32)
@@ -151,7 +152,7 @@ def beam_search(step_fn, cache, batch: int, beam: int, max_steps: int, max_lengt
   if ctc is not None:
     ctc_log_probs, ctc_lengths, ctc_weight, blank_id = ctc
     if not 0.0 < ctc_weight <= 1.0:
-      raise ValueError(f"ctc weight {ctc_weight}: valid values are in (0, 1]")
+      raise InvalidValue(f"ctc weight {ctc_weight}: valid values are in (0, 1]")
     ctc_x, ctc_r = ctc_prefix.initial_state(ctc_log_probs, ctc_lengths, blank_id)
     ctc_r = jnp.repeat(ctc_r[:, None], beam, axis=1)                    # [b, k, T, 2]
     ctc_state = (ctc_r, jnp.zeros((batch, beam)))     # forward variables, psi of each alive h

@@ -11,15 +11,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep.common.progress import progress_bar
-from data_prep.common.token_ids import CTC_BLANK_ID, PAD_ID
+from multiformer_common.errors import InvalidValue
+from multiformer_common.progress import progress_bar
+from multiformer_common.token_ids import CTC_BLANK_ID, PAD_ID
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import decode, rate_norm
 from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 
-def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
+def make_beam_search(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
                    max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
                    nbest: bool = False, ctc_weight: float = 0.0, no_repeat_ngram_size: int = 0,
                    rate_norm_target: float = 0.0, rate_norm_max_stretch: float = 1.0):
@@ -39,14 +40,14 @@ def make_translate(model: S2TModel, beam: int, length_penalty: float, max_len_a:
   """
   cfg = model.config
   if not 0.0 <= ctc_weight <= 1.0:
-    raise ValueError(f"eval.ctc_weight={ctc_weight}: valid values are in [0, 1] (0 = attention "
+    raise InvalidValue(f"eval.ctc_weight={ctc_weight}: valid values are in [0, 1] (0 = attention "
                      "alone, ESPnet decodes ASR with 0.3)")
   decode.check_no_repeat_ngram_size(no_repeat_ngram_size,
                                     f"eval.no_repeat_ngram_size={no_repeat_ngram_size}")
   joint_ctc = ctc_weight > 0 and cfg.ctc_scores_output
   rate_norm.check_settings(rate_norm_target, rate_norm_max_stretch)
   if rate_norm_target > 0 and not cfg.ctc_head:
-    raise ValueError(f"eval.rate_norm_target={rate_norm_target}: speaking-rate normalisation "
+    raise InvalidValue(f"eval.rate_norm_target={rate_norm_target}: speaking-rate normalisation "
                      "reads the model's CTC head and this model has none (train with "
                      "ctc_weight > 0, or set eval.rate_norm_target=0)")
   limit = cfg.max_target_positions - 1
@@ -107,7 +108,7 @@ def setting_stages(eval_cfg, key: str) -> tuple:
   stages = eval_cfg[key]
   stages = (stages,) if isinstance(stages, str) else tuple(stages)
   if not set(stages) <= set(ip.SPEECH_STAGES):
-    raise ValueError(f"eval.{key}={stages!r}; valid: stages among {ip.SPEECH_STAGES}")
+    raise InvalidValue(f"eval.{key}={stages!r}; valid: stages among {ip.SPEECH_STAGES}")
   return stages
 
 
@@ -121,7 +122,7 @@ def no_repeat_ngram_size(eval_cfg, stage: str | None) -> int:
 
 
 def rate_norm_settings(eval_cfg, stage: str | None) -> dict:
-  """make_translate's rate_norm_* arguments: eval.rate_norm_target and rate_norm_max_stretch
+  """make_beam_search's rate_norm_* arguments: eval.rate_norm_target and rate_norm_max_stretch
   where `stage` is in eval.rate_norm_stages (or None), else off (target 0)."""
   stages = setting_stages(eval_cfg, "rate_norm_stages")
   target = eval_cfg.rate_norm_target
@@ -132,15 +133,15 @@ def rate_norm_settings(eval_cfg, stage: str | None) -> dict:
   return {"rate_norm_target": target, "rate_norm_max_stretch": max_stretch}
 
 
-def make_translate_for(model: S2TModel, eval_cfg, beam: int | None = None,
+def make_beam_search_for(model: S2TModel, eval_cfg, beam: int | None = None,
                        length_penalty: float | None = None, min_len: int | None = None,
                        ctc_weight: float | None = None, nbest: bool = False,
                        stage: str | None = None):
-  """make_translate with a config's eval.* search settings (beam, length penalty, max_len_a/b,
+  """make_beam_search with a config's eval.* search settings (beam, length penalty, max_len_a/b,
   min_len, unk_penalty, ctc_weight, no_repeat_ngram_size where `stage` is in
   eval.no_repeat_ngram_stages, speaking-rate normalisation where it is in
   eval.rate_norm_stages); the arguments given replace theirs."""
-  return make_translate(
+  return make_beam_search(
       model, beam or eval_cfg.beam,
       eval_cfg.length_penalty if length_penalty is None else length_penalty,
       eval_cfg.max_len_a, eval_cfg.max_len_b,

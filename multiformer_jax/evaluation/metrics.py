@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import unicodedata
 
+from multiformer_common.errors import InvalidValue
+
 
 def corpus_bleu(hypotheses: list[str], references: list[str]) -> dict:
   """sacreBLEU (13a, case-sensitive) on detokenised text: score and signature, and chrF
@@ -38,12 +40,12 @@ def corpus_wer(hypotheses: list[str], references: list[str]) -> dict:
   is empty after normalisation adds no words but its hypothesis's words count as insertions."""
   import jiwer  # pylint: disable=import-outside-toplevel
   if len(hypotheses) != len(references):
-    raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references")
+    raise InvalidValue(f"{len(hypotheses)} hypotheses for {len(references)} references")
   refs = [" ".join(normalize_for_wer(r)) for r in references]
   hyps = [" ".join(normalize_for_wer(h)) for h in hypotheses]
   words = sum(len(r.split()) for r in refs)
   if not words:
-    raise ValueError("every reference is empty after WER normalisation")
+    raise InvalidValue("every reference is empty after WER normalisation")
   # jiwer takes neither an empty reference nor an empty hypothesis: those cost one edit a word.
   edits = sum(len(h.split()) + len(r.split()) for h, r in zip(hyps, refs) if not (h and r))
   scored = [i for i, (h, r) in enumerate(zip(hyps, refs)) if h and r]

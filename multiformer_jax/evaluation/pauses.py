@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep import features
 from data_prep.audio import SAMPLE_RATE
 
@@ -105,7 +106,7 @@ def pause_cuts(samples: np.ndarray, max_seconds: float, search_seconds: float = 
   all of it where there is no pause), each cut within the limit (step 2: at most max_seconds
   each, searching the last min(search_seconds, max_seconds / 2) before each limit)."""
   if max_seconds <= 0:
-    raise ValueError(f"segment_seconds={max_seconds}; give a positive number of seconds")
+    raise InvalidValue(f"segment_seconds={max_seconds}; give a positive number of seconds")
   limit = max(1, int(round(max_seconds * SAMPLE_RATE)))
   search = int(round(min(search_seconds, max_seconds / 2) * SAMPLE_RATE))
   energy = frame_energy_db(samples)

@@ -26,15 +26,17 @@ import math
 
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
+
 
 
 def check_settings(target: float, max_stretch: float) -> None:
   """Refuses a negative target or, when on, a largest stretch outside [1, 4]."""
   if not target >= 0:
-    raise ValueError(f"eval.rate_norm_target={target}: give 0 (off) or a positive density of "
+    raise InvalidValue(f"eval.rate_norm_target={target}: give 0 (off) or a positive density of "
                      f"CTC pieces per encoder position (the quickstart uses 0.5)")
   if target > 0 and not 1.0 <= max_stretch <= 4.0:
-    raise ValueError(f"eval.rate_norm_max_stretch={max_stretch}: valid values are in [1, 4] "
+    raise InvalidValue(f"eval.rate_norm_max_stretch={max_stretch}: valid values are in [1, 4] "
                      f"(1 = never stretch)")
 
 

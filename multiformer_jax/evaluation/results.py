@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.inference import (no_repeat_ngram_size, rate_norm_settings,
                                                   setting_stages)
@@ -36,7 +37,7 @@ def lm_settings(config, stage: str, weight: float | None = None) -> dict | None:
   weight = e.lm_weight if weight is None else weight
   stages = setting_stages(e, "lm_stages")
   if weight < 0:
-    raise ValueError(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
+    raise InvalidValue(f"eval.lm_weight={weight}; valid: >= 0 (0 = no LM rescoring)")
   order, unigram = e.lm_order, e.lm_unigram
   word_lm.check_settings(order, unigram)
   if not weight or stage not in stages:

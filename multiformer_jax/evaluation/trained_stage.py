@@ -11,6 +11,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from multiformer_common.errors import MissingInput
 from multiformer_jax.data.input_pipeline import SPEECH_STAGES, TaskKey
 from multiformer_jax.experiment import model_config_for, task_keys
 from multiformer_jax.model import S2TModel
@@ -30,7 +31,7 @@ def checkpoints_dir(workdir: str, stage: str) -> str:
   directory = os.path.join(workdir, stage, "checkpoints")
   if not os.path.isdir(directory):
     stages = [s for s in SPEECH_STAGES if os.path.isdir(os.path.join(workdir, s, "checkpoints"))]
-    raise FileNotFoundError(f"{workdir} has no {stage} checkpoints ({directory}); stages with "
+    raise MissingInput(f"{workdir} has no {stage} checkpoints ({directory}); stages with "
                             f"checkpoints: {stages or 'none'}")
   return directory
 

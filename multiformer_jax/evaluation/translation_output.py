@@ -12,6 +12,8 @@ import json
 import os
 import sys
 
+from multiformer_common.errors import InvalidValue
+
 FORMATS = ("text", "tsv", "jsonl")
 EXTENSIONS = {".tsv": "tsv", ".jsonl": "jsonl"}
 STAGE_LABELS = {"asr": "transcript", "st": "translation"}
@@ -25,9 +27,9 @@ def output_format(path: str | None, fmt: str | None) -> str:
   ext = os.path.splitext(path)[1].lower()
   fmt = fmt or EXTENSIONS.get(ext)
   if fmt is None:
-    raise ValueError(f"--output {path}: name a .tsv or .jsonl file, or pass --format tsv|jsonl")
+    raise InvalidValue(f"--output {path}: name a .tsv or .jsonl file, or pass --format tsv|jsonl")
   if fmt == "text":
-    raise ValueError(f"--output {path} --format text: a results file is tsv or jsonl (text is "
+    raise InvalidValue(f"--output {path} --format text: a results file is tsv or jsonl (text is "
                      f"for stdout, without --output)")
   return fmt
 
@@ -55,11 +57,11 @@ def paths_written(path: str, fmt: str) -> set[str]:
       try:
         done.add(json.loads(line)["path"])
       except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} line {number} is not a translate result ({error}): give "
+        raise InvalidValue(f"{path} line {number} is not a translate result ({error}): give "
                          f"another --output or remove the file") from None
     return done
   if lines and lines[0].split("\t")[0] != "path":
-    raise ValueError(f"{path} has no 'path' header: not a translate TSV; give another "
+    raise InvalidValue(f"{path} has no 'path' header: not a translate TSV; give another "
                      f"--output or remove the file")
   return {line.split("\t")[0] for line in lines[1:] if line}
 

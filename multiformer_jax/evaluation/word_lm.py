@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.evaluation.metrics import normalize_for_wer
 
 BOS, EOS = "<s>", "</s>"
@@ -49,7 +50,7 @@ def wordfreq_base(lang: str) -> Callable[[str], float]:
     raise ImportError("eval.lm_unigram='wordfreq' needs the wordfreq package (pip install "
                       "-r requirements.txt); eval.lm_unigram='uniform' needs nothing") from e
   if lang not in wordfreq.available_languages():
-    raise ValueError(f"eval.lm_unigram='wordfreq': wordfreq has no word list for {lang!r}; "
+    raise InvalidValue(f"eval.lm_unigram='wordfreq': wordfreq has no word list for {lang!r}; "
                      f"it has {sorted(wordfreq.available_languages())}. Use "
                      "eval.lm_unigram='uniform' for this language.")
 
@@ -63,9 +64,9 @@ def check_settings(order: int, unigram: str | None = None):
   """Refuses an order that is not an integer >= 1, or a unigram back-off (when given) that is
   not one of UNIGRAM_BASES, naming the config key and the valid values."""
   if not isinstance(order, int) or order < 1:
-    raise ValueError(f"eval.lm_order={order!r}; valid: an integer >= 1")
+    raise InvalidValue(f"eval.lm_order={order!r}; valid: an integer >= 1")
   if unigram is not None and unigram not in UNIGRAM_BASES:
-    raise ValueError(f"eval.lm_unigram={unigram!r}; valid: {UNIGRAM_BASES}")
+    raise InvalidValue(f"eval.lm_unigram={unigram!r}; valid: {UNIGRAM_BASES}")
 
 
 def discount_from_counts(counts: Iterable[float]) -> float:
@@ -100,7 +101,7 @@ class WordLM:
           if k > 1 or start > 0:                      # <s> alone is never predicted
             raw[tokens[start:start + k]] += 1
     if not sentence_count:
-      raise ValueError("a word LM needs at least one training sentence; got none")
+      raise InvalidValue("a word LM needs at least one training sentence; got none")
     # a(g): raw counts at the top order and for <s>-initial n-grams; below the top order the
     # continuation count, the number of distinct n-grams (x, *g) one word longer.
     continuation = collections.Counter(gram[1:] for gram in raw if len(gram) > 1)
@@ -117,7 +118,7 @@ class WordLM:
     if discounts is None:
       discounts = [discount_from_counts(by_order[k]) for k in range(1, order + 1)]
     if len(discounts) != order or not all(0 < d < 1 for d in discounts):
-      raise ValueError(f"word LM discounts {list(discounts)}: valid: {order} values in (0, 1)")
+      raise InvalidValue(f"word LM discounts {list(discounts)}: valid: {order} values in (0, 1)")
     self.discounts = tuple(float(d) for d in discounts)
     self.vocabulary = {g[0] for g in self.counts if len(g) == 1}
     if base is None:

@@ -28,6 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from multiformer_common.errors import InvalidValue
+
 # lowbias32 (hash-prospector, public domain): bias 0.17 by its author's avalanche measure.
 _LOWBIAS32_SHIFTS = (16, 15, 16)
 _LOWBIAS32_MULTIPLIERS = (np.uint32(0x7FEB352D), np.uint32(0x846CA68B))
@@ -138,7 +140,7 @@ class Dropout(nn.Module):
   @nn.compact
   def __call__(self, inputs, deterministic: bool = True):
     if not 0.0 <= self.rate <= 1.0:
-      raise ValueError(f"dropout rate must be in [0, 1], got {self.rate}")
+      raise InvalidValue(f"dropout rate must be in [0, 1], got {self.rate}")
     if self.rate == 0.0 or deterministic:
       return inputs
     return dropout(inputs, self.rate, self.make_rng("dropout"))

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.dropout import dropout
 from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
@@ -116,7 +117,7 @@ class FeedForward(nn.Module):
   def __call__(self, x, deterministic: bool = True):
     for name, rate in (("dropout", self.dropout), ("activation_dropout", self.activation_dropout)):
       if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"FeedForward {name} must be in [0, 1], got {rate}")
+        raise InvalidValue(f"FeedForward {name} must be in [0, 1], got {rate}")
     fc1 = DenseParams(self.d_model, self.ffn_dim, name="fc1")()
     fc2 = DenseParams(self.ffn_dim, self.d_model, name="fc2")()
     activation_rate = 0.0 if deterministic else self.activation_dropout

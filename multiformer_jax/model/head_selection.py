@@ -34,6 +34,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
+
 STRATEGIES = ("subset", "group")
 INFERENCE_MODES = ("deterministic", "noisy")
 SUBSET_ORDERS = ("candidate", "score")
@@ -75,7 +77,7 @@ def select(scores, num_heads: int, strategy: str, subset_order: str = "candidate
     best = jnp.argmax(grouped, axis=-2)                          # [..., H]: row in the group
     indices = best * num_heads + jnp.arange(num_heads)
   else:
-    raise ValueError(f"unknown head-selection strategy {strategy!r}; valid: {STRATEGIES}")
+    raise InvalidValue(f"unknown head-selection strategy {strategy!r}; valid: {STRATEGIES}")
   indices = indices.astype(jnp.int32)
   return indices, jnp.take_along_axis(scores, indices, axis=-1)
 

@@ -33,12 +33,14 @@ import dataclasses
 import re
 from typing import Union
 
+from multiformer_common.errors import InvalidValue
+
 CONV_TYPES = ("depthwise", "standard", "separable")
 KINDS_HELP = ("full, local(w[,d]), kernel[(m)], conv[(k,s[,type])]; local, kernel and conv "
               "also take a last argument 'thesis'")
 
 
-class LayoutError(ValueError):
+class LayoutError(InvalidValue):
   """A head layout that cannot be used, with the offending token and what is valid."""
 
 

@@ -14,9 +14,9 @@ from typing import Any, Mapping
 import jax
 import jax.numpy as jnp
 
-from data_prep.common import settings
-from data_prep.common.settings import ConfigError, setting
-from data_prep.common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from multiformer_common import settings
+from multiformer_common.settings import ConfigError, setting
+from multiformer_common.token_ids import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.fused import IMPLEMENTATIONS
 from multiformer_jax.model.attention.kernel import REDRAW_POLICIES
@@ -140,7 +140,7 @@ class ModelConfig:
   text_encoder_layers: int = derived(
       0, "> 0: full-attention layers stacked on the encoder, fed the CTC head's distribution "
       "over source pieces (stacked.py)")
-  bos_id: int = derived(BOS_ID, "the vocabularies' specials (data_prep.common.token_ids)")
+  bos_id: int = derived(BOS_ID, "the vocabularies' specials (multiformer_common.token_ids)")
   pad_id: int = derived(PAD_ID, "")
   eos_id: int = derived(EOS_ID, "")
   unk_id: int = derived(UNK_ID, "")

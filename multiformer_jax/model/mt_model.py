@@ -11,7 +11,7 @@ import math
 
 import flax.linen as nn
 
-from data_prep.common.token_ids import PAD_ID
+from multiformer_common.token_ids import PAD_ID
 from multiformer_jax.model.decoder import Decoder
 from multiformer_jax.model.encoder import EncoderLayer
 from multiformer_jax.model.feedforward import layer_norm

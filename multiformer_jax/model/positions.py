@@ -9,7 +9,7 @@ import math
 
 import jax.numpy as jnp
 
-from data_prep.common.token_ids import PAD_ID as FAIRSEQ_PAD_ID
+from multiformer_common.token_ids import PAD_ID as FAIRSEQ_PAD_ID
 
 
 def sinusoidal_embedding(positions, dim: int):

@@ -5,6 +5,7 @@ from typing import Sequence
 import flax.linen as nn
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.attention.masks import conv_output_lengths, lengths_to_mask
 from multiformer_jax.model.initializers import torch_default_bias, torch_default_kernel
 
@@ -30,7 +31,7 @@ class Conv1dSubsampler(nn.Module):
   @nn.compact
   def __call__(self, x, lengths):
     if len(self.kernels) != len(self.strides):
-      raise ValueError(f"subsampler kernels {tuple(self.kernels)} and strides "
+      raise InvalidValue(f"subsampler kernels {tuple(self.kernels)} and strides "
                        f"{tuple(self.strides)} must have the same length")
     for i, (kernel, stride) in enumerate(zip(self.kernels, self.strides)):
       if i == 0 or self.masks_padding:

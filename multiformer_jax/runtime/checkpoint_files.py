@@ -19,7 +19,7 @@ import zlib
 
 import jax
 
-from data_prep.common import atomic
+from multiformer_common import atomic
 
 MANIFEST = "files.json"
 # OSErrors that say the storage failed now, not that the files are damaged.

@@ -16,7 +16,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from data_prep.common import atomic
+from multiformer_common.errors import InvalidValue, MissingInput, ResourceError
+from multiformer_common import atomic
 
 from multiformer_jax.runtime import checkpoint_files, faults, processes
 
@@ -24,7 +25,7 @@ from multiformer_jax.runtime import checkpoint_files, faults, processes
 SELECTIONS = ("latest", "best", "average", "around_best")
 
 
-class CheckpointRefused(ValueError):
+class CheckpointRefused(InvalidValue):
   """A checkpoint that is not damaged but does not restore: the run stops, naming why."""
 
 
@@ -101,7 +102,7 @@ class StageCheckpoints:
       if jax.process_index() == 0:
         checkpoint_files.write_manifest(os.path.join(manager.directory, str(step)))
     except OSError as error:
-      raise OSError(error.errno, f"writing checkpoint {step} to {manager.directory} failed "
+      raise ResourceError(error.errno, f"writing checkpoint {step} to {manager.directory} failed "
                     f"({error.strerror or error}); the earlier checkpoints {self.steps()} are "
                     f"intact: free disk space or fix permissions, then rerun the same command "
                     f"to resume") from error
@@ -110,7 +111,7 @@ class StageCheckpoints:
     """A progress checkpoint of `step` (the previous one is deleted once it is written); ->
     False, writing nothing, where an evaluation checkpoint of that step exists."""
     if self.progress is None:
-      raise ValueError(f"{self.directory}: opened without a progress directory")
+      raise InvalidValue(f"{self.directory}: opened without a progress directory")
     if step in self.manager.all_steps() or step in self.progress.all_steps():
       return False
     self._write(self.progress, step, state, meta, "progress")
@@ -241,7 +242,7 @@ class StageCheckpoints:
     before the last `keep_last` is never averaged with them."""
     steps = self.steps()
     if not steps:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+      raise MissingInput(f"no checkpoint in {self.directory}")
     chain = [steps[-1]]
     while len(chain) < last:
       previous = self._previous(chain[-1], steps)
@@ -256,14 +257,14 @@ class StageCheckpoints:
     kept."""
     steps = self.steps_around_best(last) if around_best else self.contiguous_steps(last)
     if not steps:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+      raise MissingInput(f"no checkpoint in {self.directory}")
     return average_params(self.params(step) for step in reversed(steps)), steps
 
   def select_params(self, which: str, average_last: int = 10):
     """'latest' | 'best' | 'average' (of the last `average_last`) | 'around_best' (the average
     of the `average_last` around the best) -> (params, description)."""
     if which not in SELECTIONS:
-      raise ValueError(f"checkpoint selection {which!r}; valid: {', '.join(SELECTIONS)}")
+      raise InvalidValue(f"checkpoint selection {which!r}; valid: {', '.join(SELECTIONS)}")
     if which in ("average", "around_best"):
       params, steps = self.averaged_params(average_last, which == "around_best")
       what = "average of steps" if which == "average" else \
@@ -274,7 +275,7 @@ class StageCheckpoints:
       return params, f"{what} {steps}"
     step = self.best() if which == "best" else self.latest()
     if step is None:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+      raise MissingInput(f"no checkpoint in {self.directory}")
     return self.params(step), f"{which} (step {step})"
 
 
@@ -303,7 +304,7 @@ def check_writable(workdir: str):
     os.remove(probe)
   except OSError as error:
     reason = error.strerror or str(error)
-    raise OSError(error.errno, f"cannot write to the workdir {workdir!r} ({reason}): pass a "
+    raise ResourceError(error.errno, f"cannot write to the workdir {workdir!r} ({reason}): pass a "
                   f"--workdir on a disk with free space that you can write to") from error
 
 

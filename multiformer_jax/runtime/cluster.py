@@ -20,6 +20,8 @@ import os
 import re
 from typing import Mapping
 
+from multiformer_common.errors import InvalidValue
+
 
 def is_slurm(env: Mapping[str, str] = os.environ) -> bool:
   return all(k in env for k in ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_PROCID",
@@ -32,7 +34,7 @@ def expand_counts(value: str) -> list[int]:
   for item in filter(None, value.split(",")):
     match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", item.strip())
     if not match:
-      raise ValueError(f"cannot read SLURM's per-node count {value!r} (item {item!r})")
+      raise InvalidValue(f"cannot read SLURM's per-node count {value!r} (item {item!r})")
     counts += [int(match.group(1))] * int(match.group(2) or 1)
   return counts
 
@@ -41,7 +43,7 @@ def first_host(nodelist: str) -> str:
   """The first host of a SLURM node list: 'gpu[003-005,9],cpu1' -> 'gpu003'."""
   match = re.match(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist.strip())
   if not match:
-    raise ValueError(f"cannot read SLURM's node list {nodelist!r}")
+    raise InvalidValue(f"cannot read SLURM's node list {nodelist!r}")
   prefix, ranges = match.groups()
   return prefix if ranges is None else prefix + re.split(r"[,-]", ranges)[0]
 
@@ -89,7 +91,7 @@ def slurm_local_devices(env: Mapping[str, str] = os.environ) -> list[int] | None
   if per_task == visible or visible < tasks:
     return None                  # SLURM bound this task to its own GPUs: it sees only those
   if visible % tasks:
-    raise ValueError(
+    raise InvalidValue(
         f"SLURM runs {tasks} tasks on this node, which sees {visible} GPUs "
         f"(CUDA_VISIBLE_DEVICES={env.get('CUDA_VISIBLE_DEVICES')!r}): they do not divide "
         f"evenly; ask for one task per node (--ntasks-per-node=1) or one per GPU "
@@ -105,7 +107,7 @@ def slurm_settings(env: Mapping[str, str] = os.environ) -> dict:
   nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or \
       env.get("SLURM_NODELIST")
   if not nodelist:
-    raise ValueError("SLURM_STEP_NODELIST is not set: start the processes with srun")
+    raise InvalidValue("SLURM_STEP_NODELIST is not set: start the processes with srun")
   return {"coordinator_address": f"{first_host(nodelist)}:{port}",
           "num_processes": int(env["SLURM_NTASKS"]), "process_id": int(env["SLURM_PROCID"]),
           "local_device_ids": slurm_local_devices(env),

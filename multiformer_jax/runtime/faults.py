@@ -27,7 +27,8 @@ import os
 import signal
 import threading
 
-from data_prep.common.signals import STOP_SIGNALS
+from multiformer_common.errors import InvalidValue
+from multiformer_common.signals import STOP_SIGNALS
 
 FAULT_ENV = "MULTIFORMER_JAX_FAULT"
 PREEMPTED_EXIT_CODE = 128 + signal.SIGTERM
@@ -151,7 +152,7 @@ def _parse(spec: str) -> list[tuple[str, int, str]]:
     if (not sep or not step.isdigit() or (action and (
         signame not in {signal_name(s) for s in STOP_SIGNALS} or
         whom not in ("group", "process")))):
-      raise ValueError(f"{FAULT_ENV}={spec!r}: expected comma-separated point:step items such "
+      raise InvalidValue(f"{FAULT_ENV}={spec!r}: expected comma-separated point:step items such "
                        f"as asr.update:3 or st.checkpoint:4, optionally =SIGNAL@group or "
                        f"=SIGNAL@process (SIGTERM, SIGINT, SIGUSR1), got {item!r}")
     points.append((name, int(step), action))

@@ -34,7 +34,7 @@ import os
 import subprocess
 import sys
 
-from data_prep.common import packages
+from multiformer_common import packages
 
 OPT_OUT_VARIABLE = "MULTIFORMER_HUGE_PAGES"   # "0": leave glibc's tunables alone
 TCMALLOC_OPT_OUT_VARIABLE = "MULTIFORMER_TCMALLOC"   # "0": do not preload tcmalloc

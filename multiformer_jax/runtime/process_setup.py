@@ -1,29 +1,36 @@
-"""One set-up of a command's process, however it is started (`python -m ...`, a console
-script, run.py): host memory (tcmalloc and huge pages: the process re-executes itself once,
+"""One set-up of a command's process, however it is started (`python -m multiformer_jax.X`, the
+console script `multiformer-X`, run.py): host memory (tcmalloc, unpacked into the user's cache
+where the system has none, and huge pages: the process re-executes itself once,
 runtime/host_memory.py), then XLA's default flags (runtime/xla_flags.py), both before JAX
-starts."""
+starts; then the command, whose user errors end with their message and exit status 2
+(multiformer_common/cli_errors.py).
+
+Every command module at the package's top level (train, evaluate, translate, analyze, ablate,
+import_fairseq) ends with `cli = process_setup.command(main)` and `if __name__ == "__main__":
+cli()`; its console script is that same `cli`.
+"""
 
 from __future__ import annotations
 
+import sys
+
+from multiformer_common import cli_errors
 from multiformer_jax.runtime import host_memory, xla_flags
 
 
-def set_up(fetch_tcmalloc: bool = False):
-  """Sets the process up; `fetch_tcmalloc`: first unpack Debian's tcmalloc into the user's
-  cache where the system has none (the training command does; the others use it once there)."""
-  if fetch_tcmalloc:
-    host_memory.fetch_tcmalloc()
+def set_up():
+  """Sets the process up (may re-execute it once, with the same arguments)."""
+  host_memory.fetch_tcmalloc()
   host_memory.set_up_host_allocator()
   xla_flags.add_default_xla_flags()
 
 
-def command(cli):
-  """A command-line entry `cli()` -> the same entry with the process set up first: what the
-  console script and `python -m` both run."""
-  def entry():
+def command(main):
+  """`main(argv=None) -> exit status or None` -> `cli()`: the process set up, then main with
+  user errors reported, exiting with main's status (0 for None)."""
+  def cli():
     set_up()
-    return cli()
-  entry.__doc__ = f"{cli.__doc__ or cli.__name__}\n\nThe process is set up first " \
-                  f"(runtime/process_setup.py)."
-  entry.sets_up_process = True
-  return entry
+    sys.exit(cli_errors.report_user_errors(main) or 0)
+  cli.__doc__ = f"{main.__module__} on the command line (runtime/process_setup.py)."
+  cli.sets_up_process = True
+  return cli

@@ -24,7 +24,8 @@ import logging
 import os
 import time
 
-from data_prep.common import atomic
+from multiformer_common.errors import InvalidValue
+from multiformer_common import atomic
 
 CONFIG = "config.json"
 CHANGES = "config_changes.jsonl"
@@ -95,7 +96,7 @@ def record_config(workdir: str, config, accept_changes: bool = False,
     refused = {k: v for k, v in changes.items() if not is_safe(k, new, trained)}
     if refused and not accept_changes:
       listed = "; ".join(f"{k}: {old!r} -> {value!r}" for k, (old, value) in refused.items())
-      raise ValueError(
+      raise InvalidValue(
           f"the config differs from the one this run started with ({path}) in settings that "
           f"change the model or the data order: {listed}. To train with them, start a new run "
           f"(another --workdir); to continue this one with them anyway, add "
@@ -161,7 +162,7 @@ def check_corpus(workdir: str, prepared_dir: str, what: str, data_order: bool = 
       differ.append(f"{name} (sha256 {digest[:12]} when the run trained, "
                     f"{now[:12] if now != 'missing' else 'missing'} now)")
   if differ:
-    raise ValueError(
+    raise InvalidValue(
         f"cannot {what}: {prepared_dir} is not the prepared corpus the run in {workdir} "
         f"trained on ({recorded['prepared_dir']}): {'; '.join(differ)}. The model's "
         f"vocabulary, features or data order would not be its own. Point "

@@ -8,7 +8,7 @@ import os
 import sys
 import time
 
-from data_prep.common.progress import progress_bar
+from multiformer_common.progress import progress_bar
 
 DONE = "DONE.json"   # a stage's summary, written when it finishes: its presence marks it done
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import ml_collections
 
-from data_prep.common import settings
+from multiformer_common import settings
 from data_prep.embedded import spec as embedded_spec
 from multiformer_jax.data import input_pipeline
 from multiformer_jax.model import model_config

@@ -9,6 +9,7 @@ import os
 
 import ml_collections
 
+from multiformer_common.errors import MissingInput
 from multiformer_jax.runtime import run_record
 from multiformer_jax.schema import base, validation
 
@@ -19,7 +20,7 @@ def load_config(workdir: str, check_corpus: bool = True):
   (runtime/run_record.py)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: evaluation reads the config saved by run.py "
+    raise MissingInput(f"{path} not found: evaluation reads the config saved by run.py "
                             f"beside the checkpoints; pass the run's --workdir")
   with open(path, encoding="utf-8") as f:
     saved = json.load(f)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from data_prep import corpora
-from data_prep.common.settings import setting
+from multiformer_common.settings import setting
 from multiformer_jax.data.input_pipeline import SPEECH_STAGES
 from multiformer_jax.experiment import MT_STAGE
 from multiformer_jax.runtime.checkpoints import SELECTIONS

@@ -6,8 +6,8 @@ micro-batches per update) is checked where those are known."""
 
 from __future__ import annotations
 
-from data_prep.common import settings
-from data_prep.common.settings import ConfigError
+from multiformer_common import settings
+from multiformer_common.settings import ConfigError
 from data_prep.embedded import spec as embedded_spec
 from multiformer_jax.data import input_pipeline
 from multiformer_jax.experiment import MT_STAGE, stack_task_tags, stages_run

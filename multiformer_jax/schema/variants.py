@@ -9,7 +9,7 @@ no-downsampling models' settings.
 
 from __future__ import annotations
 
-from data_prep.common.settings import ConfigError
+from multiformer_common.settings import ConfigError
 from multiformer_jax.data.input_pipeline import SPEECH_STAGES
 
 # The no-downsampling models (4x longer encoder sequences) keep the loop-based memory options

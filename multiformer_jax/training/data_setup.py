@@ -7,8 +7,9 @@ from __future__ import annotations
 import logging
 import os
 
+from multiformer_common.errors import MissingInput
 from data_prep import prepare
-from data_prep.common import locks
+from multiformer_common import locks
 from data_prep.embedded import build as embedded_build
 from data_prep.embedded import spec as embedded_spec
 from multiformer_jax.data import input_pipeline as ip
@@ -34,7 +35,7 @@ def ensure_prepared(config, log: logging.Logger):
         embedded_build.is_built(embedded_build.direction_dir(d.root, source, target), spec)
     return
   if not d.root:
-    raise FileNotFoundError(f"data.prepared_dir={d.prepared_dir!r} is not prepared and "
+    raise MissingInput(f"data.prepared_dir={d.prepared_dir!r} is not prepared and "
                             f"data.root is empty: set --config.data.root to the corpus "
                             f"download directory, or run python -m data_prep.prepare")
   if specs:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from data_prep.common.token_ids import CTC_BLANK_ID, EOS_ID, PAD_ID
+from multiformer_common.errors import InvalidValue
+from multiformer_common.token_ids import CTC_BLANK_ID, EOS_ID, PAD_ID
 from multiformer_jax.data.input_pipeline import batch_tasks
 from multiformer_jax.model import S2TModel, head_selection
 
@@ -77,7 +78,7 @@ def make_loss_sums(model: S2TModel, label_smoothing: float, train_cfg=None,
   """
   cfg = model.config
   if ctc_weight and not cfg.ctc_head:
-    raise ValueError(f"ctc_weight {ctc_weight} needs a model with a CTC head (ctc_head=True)")
+    raise InvalidValue(f"ctc_weight {ctc_weight} needs a model with a CTC head (ctc_head=True)")
   selecting = bool(cfg.encoder_candidates or cfg.decoder_candidates)
 
   def loss_sums(params, batch, deterministic, key=None, step=None):

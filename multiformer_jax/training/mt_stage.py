@@ -25,7 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep.common.token_ids import EOS_ID, PAD_ID
+from multiformer_common.errors import InvalidValue
+from multiformer_common.token_ids import EOS_ID, PAD_ID
 from multiformer_jax import experiment
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.data import text_pairs as tp
@@ -53,7 +54,7 @@ def check_prepared(config):
   if "asr" not in ip.read_summary(config.data.prepared_dir)["vocab"]:
     setting = ("st.decoder_init='mt'" if experiment.st_decoder_from_mt(config)
                else "st.text_encoder='mt'")
-    raise ValueError(f"{setting}: {config.data.prepared_dir} has no ASR vocabulary "
+    raise InvalidValue(f"{setting}: {config.data.prepared_dir} has no ASR vocabulary "
                      f"for the source transcripts the MT model reads")
 
 

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.schema.sections import LR_SCHEDULERS
 
 
@@ -47,7 +48,7 @@ def make_schedule(stage_cfg):
   if name == "polynomial_decay":
     return polynomial_decay_schedule(stage_cfg.lr, stage_cfg.warmup_updates,
                                      stage_cfg.max_updates)
-  raise ValueError(f"lr_scheduler {name!r}; valid: {', '.join(LR_SCHEDULERS)}")
+  raise InvalidValue(f"lr_scheduler {name!r}; valid: {', '.join(LR_SCHEDULERS)}")
 
 
 def make_optimizer(train_cfg, stage_cfg):
@@ -142,11 +143,11 @@ def trained_values(params, stage_cfg, stage: str) -> tuple[int, int]:
   for key in ("train_only", "frozen"):
     pattern = stage_cfg[key]
     if pattern and not any(_named(n, pattern) for n in flat):
-      raise ValueError(f"{stage}.{key}={pattern!r} names no parameter of this model; its "
+      raise InvalidValue(f"{stage}.{key}={pattern!r} names no parameter of this model; its "
                        f"parameters are under: {module_groups(flat)}")
   trained = [n for n in flat if trained_predicate(stage_cfg)(n)]
   if not trained:
-    raise ValueError(f"{stage}.train_only={stage_cfg.train_only!r} and "
+    raise InvalidValue(f"{stage}.train_only={stage_cfg.train_only!r} and "
                      f"{stage}.frozen={stage_cfg.frozen!r} leave no parameter to "
                      f"train; its parameters are under: {module_groups(flat)}")
   return sum(flat[n].size for n in trained), sum(v.size for v in flat.values())

@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.schema.sections import PARALLEL_MODES
 
 AXIS = "batch"
@@ -22,7 +23,7 @@ AXIS = "batch"
 class DataParallel:
   def __init__(self, mode: str = "pmap"):
     if mode not in PARALLEL_MODES:
-      raise ValueError(f"train.parallel={mode!r}; valid: {PARALLEL_MODES}")
+      raise InvalidValue(f"train.parallel={mode!r}; valid: {PARALLEL_MODES}")
     self.mode = mode
     self.local_devices = jax.local_devices()
     self.num_local = len(self.local_devices)
@@ -49,7 +50,7 @@ class DataParallel:
     second as `fn` returns it, which must be the same on every device: psum it over AXIS).
     What pmap does with per-device outputs, for the gradients of an accumulated update."""
     if self.mode != "jit":
-      raise ValueError("per_device is for train.parallel=jit; under pmap every output is per "
+      raise InvalidValue("per_device is for train.parallel=jit; under pmap every output is per "
                        "device already")
     # check_vma=False: the varying-axis tracking would make a gradient of the replicated
     # input replicated too, that is all-reduce it here, the very thing this avoids.

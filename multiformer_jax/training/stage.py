@@ -205,7 +205,7 @@ class DevScorer:
     self.data = dev_data
     self.batcher = ip.Batcher(dev_data, False, tasks=tasks)   # every utterance, this process
     self.beam = e.score_dev_beam
-    self.translate = inference.make_translate_for(model, e, self.beam, stage=stage)
+    self.translate = inference.make_beam_search_for(model, e, self.beam, stage=stage)
 
   @property
   def metric(self) -> str:

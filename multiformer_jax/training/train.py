@@ -23,10 +23,11 @@ import time
 
 import jax
 
-from data_prep.common import atomic, locks
+from multiformer_common.errors import MissingInput
+from multiformer_common import atomic, locks
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax import schema
-from multiformer_jax.evaluation import evaluate
+from multiformer_jax.evaluation import scoring
 from multiformer_jax.experiment import stages_run
 from multiformer_jax.runtime import checkpoints as ckpt_lib
 from multiformer_jax.runtime import compile_clock, faults, host_memory, processes, run_record
@@ -41,7 +42,7 @@ from multiformer_jax.training.steps import TrainState, evaluate_loss, params_che
 
 def train_and_evaluate(config, workdir: str, accept_config_changes: bool = False) -> dict:
   """All stages of `config.train.stages` in order, then (if eval.after_training) evaluation.
-  While it runs, the workdir is this run's alone (data_prep.common.locks), a stop signal
+  While it runs, the workdir is this run's alone (multiformer_common.locks), a stop signal
   (faults.STOP_SIGNALS) ends a stage's training loop after the current update with a
   checkpoint (faults.Preempted), and anywhere else at once (faults.Stopped). A rerun resumes,
   refusing a config that would change the model or the data order unless
@@ -72,7 +73,7 @@ def _train_and_evaluate(config, workdir: str, log: logging.Logger) -> dict:
                              f"preparing {config.data.prepared_dir}")
   if jax.process_count() > 1 and not os.path.exists(
       os.path.join(config.data.prepared_dir, "prepared.json")):
-    raise FileNotFoundError(
+    raise MissingInput(
         f"process {jax.process_index()} does not see {config.data.prepared_dir}/prepared.json, "
         f"which process 0 prepared: data.prepared_dir must be on a filesystem every process "
         f"reads")
@@ -90,9 +91,9 @@ def _train_and_evaluate(config, workdir: str, log: logging.Logger) -> dict:
   if config.eval.after_training and jax.process_index() == 0:
     splits = evaluated_splits(config)
     for stage in config.train.stages:
-      results[stage]["eval"] = evaluate.evaluate_stage(config, workdir, stage, splits[0])
+      results[stage]["eval"] = scoring.evaluate_stage(config, workdir, stage, splits[0])
       for split in splits[1:]:
-        results[stage][f"eval_{split}"] = evaluate.evaluate_stage(config, workdir, stage, split)
+        results[stage][f"eval_{split}"] = scoring.evaluate_stage(config, workdir, stage, split)
   return results
 
 

@@ -12,6 +12,7 @@ import flax
 import jax.numpy as jnp
 import numpy as np
 
+from multiformer_common.errors import InvalidValue, MissingInput
 from multiformer_jax.evaluation import results
 from multiformer_jax.experiment import MT_STAGE
 from multiformer_jax.runtime import checkpoints as ckpt_lib
@@ -44,7 +45,7 @@ def init_from_run(params, config, stage: str, log: logging.Logger):
   stage_cfg = config[stage]
   directory = os.path.join(stage_cfg.init_from, stage, "checkpoints")
   if not os.path.isdir(directory):
-    raise FileNotFoundError(f"{stage}.init_from={stage_cfg.init_from!r}: no {directory}; give "
+    raise MissingInput(f"{stage}.init_from={stage_cfg.init_from!r}: no {directory}; give "
                             f"the workdir of a run that trained the {stage} stage")
   which = stage_cfg.init_from_checkpoint
   source, which = ckpt_lib.StageCheckpoints(directory).select_params(
@@ -52,7 +53,7 @@ def init_from_run(params, config, stage: str, log: logging.Logger):
   flat, restored, mismatched = copy_tensors(params, source, lambda name: True,
                                             ("there", "here"))
   if mismatched:
-    raise ValueError(f"{stage}.init_from={stage_cfg.init_from!r} does not fit this model:\n  "
+    raise InvalidValue(f"{stage}.init_from={stage_cfg.init_from!r} does not fit this model:\n  "
                      + "\n  ".join(mismatched))
   restored_names = set(restored)
   fresh = [n for n in flat if n not in restored_names]
@@ -73,7 +74,7 @@ def carry_from_asr(params, asr_params, log: logging.Logger):
   flat, restored, mismatched = copy_tensors(params, asr_params, carried, ("ASR", "ST"))
   missing = [n for n in flat if carried(n) and n not in flat_asr]
   if mismatched or missing:
-    raise ValueError("the ASR checkpoint does not fit the ST model config:\n  " +
+    raise InvalidValue("the ASR checkpoint does not fit the ST model config:\n  " +
                      "\n  ".join(mismatched + [f"{n}: not in the ASR checkpoint"
                                                for n in missing]) +
                      "\nUse the same model.* settings for both stages.")
@@ -91,7 +92,7 @@ def read_mt_params(workdir: str):
   """The MT stage's parameters the ST stage starts from: its best checkpoint by dev loss."""
   stage_dir = os.path.join(workdir, MT_STAGE)
   if not os.path.exists(os.path.join(stage_dir, DONE)):
-    raise FileNotFoundError(f"{stage_dir}/{DONE} does not exist: the MT stage did not finish "
+    raise MissingInput(f"{stage_dir}/{DONE} does not exist: the MT stage did not finish "
                             f"(rerun the same command to train it)")
   params, which = ckpt_lib.StageCheckpoints(os.path.join(stage_dir, "checkpoints")
                                             ).select_params("best")
@@ -112,7 +113,7 @@ def carry_from_mt_stage(params, workdir: str, log: logging.Logger, decoder: bool
   flat, restored, mismatched = copy_tensors(params, source, taken, ("MT model", "ST"))
   missing = [n for n in flat if taken(n) and n not in set(restored)]
   if mismatched or missing:
-    raise ValueError("the MT stage's model does not fit the ST model:\n  " +
+    raise InvalidValue("the MT stage's model does not fit the ST model:\n  " +
                      "\n  ".join(mismatched + [f"{n}: not in the MT model" for n in missing]))
   log.info("ST init: the %s's %d tensors from the MT stage's %s",
            " and ".join(("decoder",) * decoder + ("stacked text encoder",) * encoder),

@@ -25,7 +25,8 @@ from typing import Iterator
 
 import numpy as np
 
-from data_prep.common import packages
+from multiformer_common.errors import InvalidValue
+from multiformer_common import packages
 from data_prep.embedded.recorded import amazon_queen, steel_sky, ur_quan
 
 SAMPLE_RATE = 16000
@@ -105,7 +106,7 @@ def training_lines(game: str, cache_dir: str, tally: Tally) -> Iterator[Iterator
     with uqm_archives(cache_dir) as archives:
       yield uqm_lines(archives, tally)
   else:
-    raise ValueError(f"recorded training game {game!r}; valid: {TRAINING_GAMES}")
+    raise InvalidValue(f"recorded training game {game!r}; valid: {TRAINING_GAMES}")
 
 
 # Stage directions and marks that are not spoken: <gulp>, (sigh), the trademark sign ^_.

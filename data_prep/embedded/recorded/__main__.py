@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-from data_prep.common import cli_errors, packages
+from multiformer_common import cli_errors, packages
 from data_prep.embedded import recorded
 from data_prep.embedded.recorded import SAMPLE_RATE, steel_sky
 

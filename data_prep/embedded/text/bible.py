@@ -2,7 +2,7 @@
 
 Debian packages the SWORD modules: `sword-text-web` (World English Bible, with deuterocanon),
 `sword-text-kjv` (King James Version) and `sword-text-sparv` (Reina-Valera 1909). They are
-fetched when the corpus is built (`data_prep.common.packages`, no root), never committed, and
+fetched when the corpus is built (`multiformer_common.packages`, no root), never committed, and
 read with `pysword`. A pair is an English verse and the Spanish verse of the same book, chapter and
 verse number, walked over the Spanish module's books (KJV versification, which the English
 modules share for these books but for a few verse boundaries).
@@ -22,7 +22,8 @@ import json
 import os
 import re
 
-from data_prep.common import atomic, packages
+from multiformer_common.errors import InvalidValue
+from multiformer_common import atomic, packages
 from data_prep.embedded.text import ding
 
 ENGLISH = {"web": ("sword-text-web", "engWEB2015eb"), "kjv": ("sword-text-kjv", "engKJV2006eb")}
@@ -80,7 +81,7 @@ def fetch_modules(english: str, cache_dir: str) -> str:
   """The SWORD data folder holding the English version's and the Spanish module (fetched into
   cache_dir if not there yet); BibleUnavailable says what is missing."""
   if english not in ENGLISH:
-    raise ValueError(f"English Bible {english!r}; valid: {sorted(ENGLISH)}")
+    raise InvalidValue(f"English Bible {english!r}; valid: {sorted(ENGLISH)}")
   names = [ENGLISH[english][0], SPANISH[0]]
   try:
     roots = packages.fetch_all(names, cache_dir)

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import zipfile
 
-from data_prep.common import packages
+from multiformer_common import packages
 
 # Pinned so a seed gives the same corpus; the domain of an utterance is its package.
 PACKAGES = {"django": "5.2.19", "sphinx": "9.0.4", "wagtail": "8.0.1", "django-allauth": "65.21.1",
@@ -29,7 +29,7 @@ class TextSourceError(RuntimeError):
 
 def wheel_cache(root: str = "") -> str:
   """Where the wheels are kept: {root}/wheels, root the package cache (default
-  data_prep.common.packages.cache_root())."""
+  multiformer_common.packages.cache_root())."""
   return os.path.join(root or packages.cache_root(), "wheels")
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 
-from data_prep.common import packages
+from multiformer_common import packages
 
 PACKAGE = "trans-de-en"
 DICTIONARY = os.path.join("usr", "share", "trans", "de-en")

@@ -21,7 +21,8 @@ import wave
 
 import numpy as np
 
-from data_prep.common import atomic, packages
+from multiformer_common.errors import InvalidValue
+from multiformer_common import atomic, packages
 from data_prep.embedded.voices import espeak, festival, flite, mbrola, rhvoice
 from data_prep.embedded.voices.common import SynthesizerUnavailable, Voice, voice_names
 
@@ -44,7 +45,7 @@ __all__ = ["ENGINES", "ENGINE_VOICES", "SAME_SPEAKER", "SAMPLE_RATE", "Synthesiz
 
 def cache_dir(root: str = "") -> str:
   """Where flite, festival, MBROLA and RHVoice are unpacked: {root}/synthesizers, root the
-  package cache (default data_prep.common.packages.cache_root())."""
+  package cache (default multiformer_common.packages.cache_root())."""
   return os.path.join(root or packages.cache_root(), "synthesizers")
 
 
@@ -54,7 +55,7 @@ _ENGINES = {}
 def engine(name: str, cache: str):
   """This process's synthesizer `name` (made once; Debian's packages fetched into `cache`)."""
   if name not in ENGINES:
-    raise ValueError(f"synthesizer {name!r}; valid: {', '.join(ENGINES)}")
+    raise InvalidValue(f"synthesizer {name!r}; valid: {', '.join(ENGINES)}")
   if name not in _ENGINES:
     _ENGINES[name] = (espeak.Synthesizer() if name == "espeak" else
                       {"flite": flite.Flite, "festival": festival.Festival,

@@ -1,6 +1,6 @@
 """What every synthesizer of the embedded corpus shares: the speaker (`Voice`), the error for a
 synthesizer that cannot be had, rate and pitch in each engine's terms, and the helpers that run
-Debian's programs and libraries from the package cache (`data_prep.common.packages`).
+Debian's programs and libraries from the package cache (`multiformer_common.packages`).
 
 `Voice.rate` is words per minute as espeak-ng's (175 = each synthesizer's own speed) and
 `Voice.pitch` 0-99 as espeak-ng's (50 = the voice's own).
@@ -18,7 +18,7 @@ import wave
 
 import numpy as np
 
-from data_prep.common import packages
+from multiformer_common import packages
 
 NATURAL_RATE = 175           # espeak-ng's default words per minute: duration stretch 1
 LIB_DIR = os.path.join("usr", "lib", "x86_64-linux-gnu")

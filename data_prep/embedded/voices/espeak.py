@@ -19,6 +19,7 @@ import tempfile
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep.embedded.voices.common import Voice
 
 AUDIO_OUTPUT_SYNCHRONOUS = 2
@@ -83,7 +84,7 @@ class Synthesizer:
       return
     if not os.path.exists(os.path.join(variants, name)):
       valid = sorted(n for n in os.listdir(variants) if not n.endswith(STEADY_SUFFIX))
-      raise ValueError(f"espeak-ng has no voice variant {name!r} (asked for {variant!r}); "
+      raise InvalidValue(f"espeak-ng has no voice variant {name!r} (asked for {variant!r}); "
                        f"valid: {', '.join(valid)}, each optionally with {STEADY_SUFFIX!r}")
     with open(os.path.join(variants, name), encoding="utf-8", errors="replace") as f:
       settings = f.read()
@@ -97,7 +98,7 @@ class Synthesizer:
     if voice.variant.endswith(STEADY_SUFFIX):
       self._add_steady_variant(voice.variant)
     if self.lib.espeak_SetVoiceByName(voice.name.encode()) != 0:
-      raise ValueError(f"espeak-ng has no voice {voice.name!r}")
+      raise InvalidValue(f"espeak-ng has no voice {voice.name!r}")
     self.lib.espeak_SetParameter(ESPEAK_RATE, voice.rate, 0)
     self.lib.espeak_SetParameter(ESPEAK_PITCH, voice.pitch, 0)
 

@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep.embedded.voices.common import (SynthesizerUnavailable, assembled_dir,
                                               duration_stretch, library_path, libsndfile_dir,
                                               read_wav, run, unpacked)
@@ -51,7 +52,7 @@ class Festival:
 
   def synthesize(self, text: str, voice) -> np.ndarray:
     if voice.variant not in VOICES["male"]:
-      raise ValueError(f"festival voice {voice.variant!r}; valid: {VOICES['male']}")
+      raise InvalidValue(f"festival voice {voice.variant!r}; valid: {VOICES['male']}")
     out = os.path.join(self._work.name, "out.wav")
     script = os.path.join(self._work.name, "say.scm")
     with open(script, "w", encoding="utf-8") as f:

@@ -9,6 +9,7 @@ import tempfile
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep.embedded.voices.common import (SynthesizerUnavailable, duration_stretch,
                                               library_path, pitch_factor, read_wav, run, unpacked)
 
@@ -31,7 +32,7 @@ class Flite:
 
   def synthesize(self, text: str, voice) -> np.ndarray:
     if voice.variant not in F0:
-      raise ValueError(f"flite voice {voice.variant!r}; valid: {sorted(F0)}")
+      raise InvalidValue(f"flite voice {voice.variant!r}; valid: {sorted(F0)}")
     out = os.path.join(self._work.name, "out.wav")
     f0 = F0[voice.variant] * pitch_factor(voice.pitch)
     run([self.binary, "-voice", voice.variant, "--setf",

@@ -3,7 +3,7 @@ intonation; the espeakng-loader wheel's library is built without MBROLA), run as
 `us1` (female), `us2`, `us3` (American male), `en1` (British male) and English read with other
 languages' diphones (an accent). The voices are in Debian's non-free section (licensed for
 speech made with the MBROLA program only, not to be sold; /usr/share/doc/mbrola-us1/copyright in
-the package); `data_prep.common.packages` finds
+the package); `multiformer_common.packages` finds
 them where the machine's apt lists main only.
 A speaker's rate and pitch are espeak-ng's -s and -p."""
 
@@ -15,6 +15,7 @@ import tempfile
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep.embedded.voices.common import (LIB_DIR, assembled_dir, int16_at, library_path,
                                               libsndfile_dir, read_wav, run, unpacked,
                                               voice_names)
@@ -71,7 +72,7 @@ class Mbrola:
   def synthesize(self, text: str, voice) -> np.ndarray:
     valid = voice_names(VOICES)
     if voice.variant not in valid:
-      raise ValueError(f"MBROLA voice {voice.variant!r}; valid: {sorted(valid)}")
+      raise InvalidValue(f"MBROLA voice {voice.variant!r}; valid: {sorted(valid)}")
     out = os.path.join(self._work.name, "out.wav")
     run([self.binary, f"--path={self.data_parent}", "-v", f"mb-{voice.variant}", "-s",
           str(voice.rate), "-p", str(voice.pitch), "-w", out, "--stdin"], self.env,

@@ -12,6 +12,7 @@ import tempfile
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from data_prep.embedded.voices.common import (LIB_DIR, NATURAL_RATE, SynthesizerUnavailable,
                                               assembled_dir, int16_at, pitch_factor, unpacked,
                                               voice_names)
@@ -119,7 +120,7 @@ class Rhvoice:
   def synthesize(self, text: str, voice) -> np.ndarray:
     valid = voice_names(VOICES)
     if voice.variant not in valid:
-      raise ValueError(f"RHVoice voice {voice.variant!r}; valid: {sorted(valid)}")
+      raise InvalidValue(f"RHVoice voice {voice.variant!r}; valid: {sorted(valid)}")
     params = _RhvoiceSynthParams(voice.variant.encode(), 0.0, 0.0, 0.0,
                                  voice.rate / NATURAL_RATE, pitch_factor(voice.pitch),
                                  1.0, 0, None, 0, 0)

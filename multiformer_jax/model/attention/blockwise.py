@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.attention.masks import MASKED_LOGIT
 from multiformer_jax.model.dropout import bernoulli
 
@@ -61,9 +62,9 @@ def checked_dropout_rng(what: str, rate: float, rng):
   """The PRNG key of an attention dropout `rate` (validated): `rng`, or a fixed stand-in key
   when there is no dropout."""
   if not 0.0 <= rate < 1.0:
-    raise ValueError(f"attention dropout must be in [0, 1), got {rate}")
+    raise InvalidValue(f"attention dropout must be in [0, 1), got {rate}")
   if rate > 0.0 and rng is None:
-    raise ValueError(f"{what} with dropout needs a dropout_rng")
+    raise InvalidValue(f"{what} with dropout needs a dropout_rng")
   return jax.random.PRNGKey(0) if rng is None else rng
 
 
@@ -204,7 +205,7 @@ def blockwise_attention(q, k, v, key_mask, key_block: int, dropout_rate: float =
   Returns [batch, q_len, heads, head_dim] in v's dtype.
   """
   if key_block < 1:
-    raise ValueError(f"key_block must be >= 1, got {key_block}")
+    raise InvalidValue(f"key_block must be >= 1, got {key_block}")
   dropout_rng = checked_dropout_rng("blockwise attention", dropout_rate, dropout_rng)
   key_mask = key_mask.astype(bool)
   if k.shape[1] <= key_block:

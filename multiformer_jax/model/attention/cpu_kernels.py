@@ -1,7 +1,7 @@
 """The C++ attention kernels for the CPU backend (cpu/*.cc), built into one library that XLA
 calls by FFI: local heads' band (local_cpu.py) and kernel heads' FAVOR+ (kernel_cpu.py).
 
-The library is compiled on first use (data_prep.common.native_build: the system's C++
+The library is compiled on first use (multiformer_common.native_build: the system's C++
 compiler, cached per machine, keyed by the sources, the flags, jaxlib's version and the CPU).
 Where it cannot be built, the heads take their XLA paths and the reason is logged once.
 """
@@ -18,7 +18,8 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
-from data_prep.common import native_build as native
+from multiformer_common.errors import InvalidValue
+from multiformer_common import native_build as native
 
 SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("local_band.cc", "favor.cc")
@@ -77,7 +78,7 @@ def check_implementation(kind: str, implementation: str) -> None:
   """Raises a ValueError naming `kind`'s heads where `implementation` is none of
   IMPLEMENTATIONS."""
   if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"{kind} attention implementation {implementation!r}; valid: "
+    raise InvalidValue(f"{kind} attention implementation {implementation!r}; valid: "
                      f"{IMPLEMENTATIONS}")
 
 
@@ -90,5 +91,5 @@ def kernel_chosen(kind: str, implementation: str, unsupported) -> bool:
     return False
   reason = unsupported()
   if reason is not None and implementation == "cpu":
-    raise ValueError(f"{kind} attention implementation 'cpu' cannot run here: {reason}")
+    raise InvalidValue(f"{kind} attention implementation 'cpu' cannot run here: {reason}")
   return reason is None

@@ -32,6 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.dropout import lowbias32, threefry_key_words
 
 LOG2_E = math.log2(math.e)
@@ -311,13 +312,13 @@ def flash_attention(q, k, v, key_mask, dropout_rate: float = 0.0, dropout_rng=No
   interpreter (any backend; for tests).
   """
   if not 0.0 <= dropout_rate < 1.0:
-    raise ValueError(f"attention dropout must be in [0, 1), got {dropout_rate}")
+    raise InvalidValue(f"attention dropout must be in [0, 1), got {dropout_rate}")
   if dropout_rate > 0.0 and dropout_rng is None:
-    raise ValueError("flash attention with dropout needs a dropout_rng")
+    raise InvalidValue("flash attention with dropout needs a dropout_rng")
   k, v = k.astype(q.dtype), v.astype(q.dtype)
   reason = kernel_unsupported(q, k)
   if reason:
-    raise ValueError(f"flash attention cannot compute these heads: {reason}")
+    raise InvalidValue(f"flash attention cannot compute these heads: {reason}")
   words = key_words(dropout_rng) if dropout_rate > 0.0 else jnp.zeros((2,), jnp.uint32)
   valid = key_mask.astype(jnp.int32)
   return _flash(q, k, v, valid, words, float(dropout_rate), int(block), bool(interpret))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.attention.flash import kernel_unsupported
 
 IMPLEMENTATIONS = ("auto", "xla", "cudnn", "flash")
@@ -73,7 +74,7 @@ def _possible_or_refused(implementation: str, kernel: str, reason: str | None) -
   """Whether the kernel named `kernel` runs (reason None); forcing it where it cannot
   raises with the reason."""
   if implementation == kernel and reason:
-    raise ValueError(f"model.attention_implementation={kernel!r} cannot run here: {reason}. "
+    raise InvalidValue(f"model.attention_implementation={kernel!r} cannot run here: {reason}. "
                      f"'auto' uses the fused kernels only where they can, 'xla' never")
   return reason is None
 
@@ -81,7 +82,7 @@ def _possible_or_refused(implementation: str, kernel: str, reason: str | None) -
 def use_cudnn(implementation: str, q, dropout_rate: float) -> bool:
   """Whether `implementation` runs these heads through cuDNN."""
   if implementation not in IMPLEMENTATIONS:
-    raise ValueError(f"model.attention_implementation={implementation!r}; valid: "
+    raise InvalidValue(f"model.attention_implementation={implementation!r}; valid: "
                      f"{IMPLEMENTATIONS}")
   if implementation not in ("auto", "cudnn"):
     return False

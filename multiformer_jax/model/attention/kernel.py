@@ -32,6 +32,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.attention.cpu_kernels import IMPLEMENTATIONS, kernel_chosen
 from multiformer_jax.model.attention.kernel_cpu import favor_attention_cpu, kernel_unsupported
 
@@ -197,7 +198,7 @@ class KernelAttention(nn.Module):
     if self.thesis:
       return jax.lax.stop_gradient(self.projection_weight)
     if self.redraw not in REDRAW_POLICIES:
-      raise ValueError(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
+      raise InvalidValue(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
     if self.redraw == "step" and not deterministic:
       return orthogonal_gaussian_features(self.make_rng("dropout"), self.features, head_dim)
     # A constant of the compiled program: drawn once at trace time, not at every step.

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model.attention.blockwise import (blockwise_attention, checked_dropout_rng,
                                                       dropout_keep_mask)
 from multiformer_jax.model.attention.cpu_kernels import check_implementation, kernel_chosen
@@ -226,9 +227,9 @@ def local_attention(q, k, v, key_mask, window: int, dilation: int = 1, block_siz
   """
   check_implementation("local", implementation)
   if window < 1 or window % 2 == 0:
-    raise ValueError(f"local window must be odd and >= 1, got {window}")
+    raise InvalidValue(f"local window must be odd and >= 1, got {window}")
   if dilation < 1:
-    raise ValueError(f"local dilation must be >= 1, got {dilation}")
+    raise InvalidValue(f"local dilation must be >= 1, got {dilation}")
   dropout_rng = checked_dropout_rng("local attention", dropout_rate, dropout_rng)
   batch, length, heads, head_dim = q.shape
   if dilation > 1:

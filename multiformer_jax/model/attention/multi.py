@@ -15,6 +15,7 @@ fill the slots of W_o (d_model x d_model).
 import flax.linen as nn
 import jax.numpy as jnp
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.conv import ConvAttention
 from multiformer_jax.model.attention.full import FullAttention
@@ -75,7 +76,7 @@ class MultiHeadMultiAttention(nn.Module):
     num_heads = sum(g.num_heads for g in self.layer_layout)
     used = self.selected_heads or num_heads
     if self.d_model % used or num_heads % used:
-      raise ValueError(f"d_model {self.d_model} must divide into {used} heads, and the "
+      raise InvalidValue(f"d_model {self.d_model} must divide into {used} heads, and the "
                        f"{num_heads} candidates into {used} groups")
     self.num_heads = num_heads       # candidates when selecting
     self.head_dim = self.d_model // used

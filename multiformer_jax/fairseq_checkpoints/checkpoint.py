@@ -18,7 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from multiformer_jax.import_fairseq import safe_pickle, thesis
+from multiformer_common.errors import InvalidValue
+from multiformer_jax.fairseq_checkpoints import safe_pickle, thesis
 from multiformer_jax.model import layout as layout_lib
 from multiformer_jax.model.attention.multi import group_name
 from multiformer_jax.model.model_config import ModelConfig
@@ -37,7 +38,7 @@ SELECTOR_LOGITS = {"encoder": "encoder.attn_head_selector.head_logits",
 _IGNORED = re.compile(r".*(_float_tensor|version|\.(in_proj|out_proj|fc1|fc2)_(weight|bias))$")
 
 
-class FairseqImportError(ValueError):
+class FairseqImportError(InvalidValue):
   """A checkpoint that is not an importable fairseq S2T Transformer."""
 
 

@@ -24,12 +24,14 @@ import socket
 import threading
 import time
 
+from multiformer_common.errors import UserError
+
 LOCK_FILE = "lock.json"
 HEARTBEAT_S = 20.0
 STALE_S = 120.0
 
 
-class DirectoryBusy(OSError):
+class DirectoryBusy(UserError, OSError):
   """The directory is held by another live process."""
 
 

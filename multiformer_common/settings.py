@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+from multiformer_common.errors import InvalidValue
 
-class ConfigError(ValueError):
+
+class ConfigError(InvalidValue):
   """A config value that cannot be used, naming the key and what is valid."""
 
 

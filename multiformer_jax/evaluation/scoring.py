@@ -1,9 +1,6 @@
-"""Evaluation from checkpoints: cached beam search, sacreBLEU (ST) or WER (ASR).
-
-    python -m multiformer_jax.evaluate --workdir runs/v2 --stage st --split tst-COMMON \
-        [--checkpoint average|around_best|best|latest] [--average_last 10] [--beam 5]
-        [--lenpen 1.0] [--min_len 1] [--ctc_weight 0.2] [--lm_weight 0.2]
-        [--rate_norm_target 0.5]
+"""Scores a trained stage on a split: the library of the `evaluate` command
+(multiformer_jax/evaluate.py, where its options are) and of training's evaluation after it
+trains.
 
 Reads the config saved by run.py in the workdir, averages checkpoints if asked, decodes every
 utterance of the split once, and writes the directory of these settings,
@@ -20,26 +17,23 @@ stage's training targets (`word_lm`).
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
 import numpy as np
 
-from data_prep.common import atomic, cli_errors
-from multiformer_jax.runtime import checkpoints as ckpt_lib
+from multiformer_common.errors import InvalidValue
+from multiformer_common import atomic
 from multiformer_jax.data import input_pipeline as ip
-from multiformer_jax.runtime import compile_clock, process_setup
 from multiformer_jax.evaluation import word_lm
 from multiformer_jax.evaluation.trained_stage import load_trained_stage
 from multiformer_jax.evaluation.results import RESULTS, search_settings
 from multiformer_jax.evaluation.results import directory as results_directory
 from multiformer_jax.evaluation.inference import (decode_split, joint_ctc_weight,
-                                                  make_translate_for, no_repeat_ngram_size,
+                                                  make_beam_search_for, no_repeat_ngram_size,
                                                   rate_norm_settings, score)
 from multiformer_jax.experiment import known_task_rows, pipeline_config, training_pairs
 from multiformer_jax.runtime.train_log import setup_logging
-from multiformer_jax import schema
 
 
 def scores_by_tag(stage: str, data: ip.SplitData, hypotheses, tag_names) -> dict:
@@ -91,7 +85,7 @@ def stage_language_model(config, stage: str, settings: dict) -> word_lm.WordLM:
   side = 0 if stage == "asr" else 1
   languages = sorted({str(pair).split("-")[side] for pair in train.tag_values["pair"]})
   if settings["unigram"] == "wordfreq" and len(languages) != 1:
-    raise ValueError(f"eval.lm_unigram='wordfreq' takes the word frequencies of one language; "
+    raise InvalidValue(f"eval.lm_unigram='wordfreq' takes the word frequencies of one language; "
                      f"the {stage} targets are in {languages}. Use eval.lm_unigram='uniform'.")
   return word_lm.build_lm(train.references, settings["order"], settings["unigram"],
                           languages[0])
@@ -141,7 +135,7 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
            which, beam, f", joint CTC/attention (ctc_weight {ctc_weight})" if ctc_weight else "")
   unk_penalty = e.unk_penalty
   pick = lm_rescorer(config, stage, lm, beam, length_penalty) if lm else None
-  translate = make_translate_for(model, e, beam, length_penalty, min_len, ctc_weight,
+  translate = make_beam_search_for(model, e, beam, length_penalty, min_len, ctc_weight,
                                  nbest=lm is not None, stage=stage)
   search = "fairseq 0.12.2 beam search" + (
       f", joint CTC/attention scores (ctc_weight {ctc_weight})" if ctc_weight else "") + (
@@ -193,56 +187,3 @@ def evaluate_stage(config, workdir: str, stage: str, split: str, checkpoint: str
     log.info("  by %s: %s", tag, ", ".join(f"{v} {r.get('bleu', r.get('wer'))}"
                                            for v, r in values.items()))
   return result
-
-
-def main(argv=None):
-  import argparse  # pylint: disable=import-outside-toplevel
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", required=True)
-  parser.add_argument("--stage", default="st", choices=ip.SPEECH_STAGES)
-  parser.add_argument("--split", default=None, help="default: the config's data.test_split")
-  parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
-                      help="default: the config's eval.checkpoint")
-  parser.add_argument("--average_last", type=int, default=None,
-                      help="checkpoints averaged: the last N (average) or the N around the "
-                           "best (around_best); default: eval.average_last / "
-                           "eval.average_around_best")
-  parser.add_argument("--beam", type=int, default=None)
-  parser.add_argument("--lenpen", type=float, default=None)
-  parser.add_argument("--min_len", type=int, default=None,
-                      help="fairseq --min-len: no EOS before this many tokens (default 1)")
-  parser.add_argument("--ctc_weight", type=float, default=None,
-                      help="joint CTC/attention decoding weight for a model with a CTC head "
-                           "(default: eval.ctc_weight)")
-  parser.add_argument("--lm_weight", type=float, default=None,
-                      help="weight of the word n-gram LM that rescores the n-best of the stages "
-                           "in eval.lm_stages; 0 = none (default: eval.lm_weight)")
-  parser.add_argument("--no_repeat_ngram_size", type=int, default=None,
-                      help="fairseq --no-repeat-ngram-size: no n-gram twice in a hypothesis; "
-                           "0 = off (default: eval.no_repeat_ngram_size)")
-  parser.add_argument("--rate_norm_target", type=float, default=None,
-                      help="speaking-rate normalisation: CTC greedy pieces per encoder position "
-                           "above which an utterance is stretched in time; 0 = off (default: "
-                           "eval.rate_norm_target)")
-  args = parser.parse_args(argv)
-  config = schema.load_config(args.workdir)
-  compile_clock.use_compilation_cache(config)       # before compiling, as run.py and translate
-  with config.unlocked():
-    if args.no_repeat_ngram_size is not None:
-      config.eval.no_repeat_ngram_size = args.no_repeat_ngram_size
-    if args.rate_norm_target is not None:
-      config.eval.rate_norm_target = args.rate_norm_target
-  result = evaluate_stage(config, args.workdir, args.stage, args.split or config.data.test_split,
-                          args.checkpoint, args.average_last, args.beam, args.lenpen,
-                          min_len=args.min_len, ctc_weight=args.ctc_weight,
-                          lm_weight=args.lm_weight)
-  print(json.dumps(result, indent=1, ensure_ascii=False))
-
-
-# The command line and console script: the process set up, user errors -> their message and
-# exit status 2.
-cli = process_setup.command(cli_errors.command_line_entry(main))
-
-
-if __name__ == "__main__":
-  cli()

@@ -24,11 +24,13 @@ import zipfile
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
+
 # Modules whose classes are kept as Recorded objects (built without their code).
 RECORDED_MODULES = ("omegaconf", "fairseq", "typing")
 
 
-class UnsafeCheckpoint(ValueError):
+class UnsafeCheckpoint(InvalidValue):
   """The checkpoint names something a fairseq checkpoint does not hold."""
 
 

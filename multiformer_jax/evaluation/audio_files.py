@@ -1,9 +1,5 @@
-"""Transcribe and translate your own audio files with a trained run.
-
-    python -m multiformer_jax.translate --workdir runs/quickstart DIR/*.wav
-        [--output results.jsonl | results.tsv] [--stages asr st] [--checkpoint best]
-        [--beam 5] [--segment_seconds 20] [--task de] [--target_lang de]
-        [--rate_norm_target 0]
+"""Transcribe and translate audio files with a trained run: the library of the `translate`
+command (multiformer_jax/translate.py, where its options are).
 
 For each file: the transcript (ASR stage) and the translation (ST stage), decoded with the
 run's evaluation settings from its saved config (checkpoint selection, beam, length limits,
@@ -23,39 +19,32 @@ with the same `--output` skips the files already in it. A file that cannot be us
 (unreadable, empty, silent, non-finite samples, shorter than one 25 ms window) is reported on
 stderr with the reason and the others go on; the exit status is then 1.
 
-`translate_files` (a list, in the order given) and `FileTranslator.translate` (a generator, in
+`decode_files` (a list, in the order given) and `FileDecoder.decode` (a generator, in
 the order decoded) are the same for notebooks.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import math
 import os
-import sys
 from typing import Iterable, Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from data_prep.common import cli_errors
+from multiformer_common.errors import InvalidValue, MissingInput
 from data_prep import features as features_lib
 from data_prep import vocab as vocab_lib
 from data_prep.audio import SAMPLE_RATE, AudioError, load_audio
-from data_prep.common.progress import progress_bar
-from multiformer_jax.runtime import checkpoints as ckpt_lib
-from multiformer_jax.runtime import compile_clock
 from multiformer_jax.data import input_pipeline as ip
 from multiformer_jax.evaluation import pauses
-from multiformer_jax.evaluation import translation_output as output_lib
-from multiformer_jax.evaluation.evaluate import lm_rescorer
+from multiformer_jax.evaluation.scoring import lm_rescorer
 from multiformer_jax.evaluation.trained_stage import load_trained_stage
 from multiformer_jax.evaluation.results import averaged_count, lm_settings
-from multiformer_jax.runtime import process_setup
-from multiformer_jax.evaluation.inference import make_translate_for, picked
+from multiformer_jax.evaluation.inference import make_beam_search_for, picked
 from multiformer_jax import schema
 
 DEFAULT_SEGMENT_SECONDS = 20.0
@@ -75,7 +64,7 @@ def frame_buckets(segment_seconds: float) -> list[int]:
   return edges + [int(math.ceil(most / 16) * 16)]
 
 
-class UnusableAudio(ValueError):
+class UnusableAudio(InvalidValue):
   """A file that cannot be decoded; the message names it and says why."""
 
 
@@ -84,7 +73,7 @@ def audio_segments(path: str, segment_seconds: float) -> list[np.ndarray]:
   segment_seconds (`pauses.pause_cuts`), its silent segments left out. A file that cannot be
   used raises UnusableAudio naming it and the reason."""
   if segment_seconds <= 0:
-    raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
+    raise InvalidValue(f"segment_seconds={segment_seconds}; give a positive number of seconds")
   try:
     samples, _ = load_audio(path)
   except AudioError as error:     # its detail names the file too: once is enough
@@ -105,7 +94,7 @@ def audio_segments(path: str, segment_seconds: float) -> list[np.ndarray]:
   return spoken
 
 
-class StageTranslator:
+class StageDecoder:
   """One stage of a run, ready to decode feature matrices: its model, parameters (the run's
   eval.checkpoint selection unless `checkpoint` is given), vocabulary and search."""
 
@@ -122,7 +111,7 @@ class StageTranslator:
     self.model, self.params, self.checkpoint = trained.model, trained.params, trained.checkpoint
     keys = trained.tasks
     if self.model.config.input_dim != features_lib.NUM_MEL_BINS:
-      raise ValueError(f"this model reads {self.model.config.input_dim} features a frame; "
+      raise InvalidValue(f"this model reads {self.model.config.input_dim} features a frame; "
                        f"translate computes {features_lib.NUM_MEL_BINS}-bin fbank from audio")
     self.tasks = None
     if keys:
@@ -133,13 +122,13 @@ class StageTranslator:
       symbol = self.vocab.symbol_id(vocab_lib.lang_tag(target_lang or ""))
       if symbol is None:
         langs = sorted(self.vocab.sp.id_to_piece(i)[6:-1] for i in self.vocab.lang_tag_ids)
-        raise ValueError(f"this model translates into several languages: pass --target_lang, "
+        raise InvalidValue(f"this model translates into several languages: pass --target_lang, "
                          f"one of {langs}" + (f" (got {target_lang!r})" if target_lang else ""))
       self.prefix = symbol
     self.gcmvn = ip.read_gcmvn(d.prepared_dir, summary) if d.cmvn == "global" else None
     lm = lm_settings(config, stage)
     self.pick = lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty) if lm else None
-    self.translate = make_translate_for(self.model, e, beam, nbest=self.pick is not None,
+    self.search = make_beam_search_for(self.model, e, beam, nbest=self.pick is not None,
                                         stage=stage)
 
   def __call__(self, feature_list: list[np.ndarray], frames: int | None = None,
@@ -158,7 +147,7 @@ class StageTranslator:
         jnp.full((rows,), self.tasks[side], jnp.int32) if side in self.tasks else None
         for side in ("encoder", "decoder"))
     prefix = None if self.prefix is None else jnp.full((rows,), self.prefix, jnp.int32)
-    out = self.translate(self.params, jnp.asarray(batch), jnp.asarray(lengths), tasks, prefix,
+    out = self.search(self.params, jnp.asarray(batch), jnp.asarray(lengths), tasks, prefix,
                          jax.random.PRNGKey(self.config.train.seed))
     forced, n = (0 if prefix is None else 1), len(feature_list)
     if self.pick is None:
@@ -169,7 +158,7 @@ class StageTranslator:
 
   def compiled_programs(self) -> int:
     """How many search programs this stage has compiled (one per batch shape met)."""
-    return self.translate._cache_size()  # pylint: disable=protected-access
+    return self.search._cache_size()  # pylint: disable=protected-access
 
 
 def stack_task_id(key: ip.TaskKey, stage: str, task: str | None, target_lang: str | None
@@ -180,7 +169,7 @@ def stack_task_id(key: ip.TaskKey, stage: str, task: str | None, target_lang: st
   value = (target_lang or task) if by_target else task
   if value not in key.names:
     option = "--target_lang" if by_target else "--task"
-    raise ValueError(f"this model selects heads by {key.field}: pass {option}, one of "
+    raise InvalidValue(f"this model selects heads by {key.field}: pass {option}, one of "
                      f"{list(key.names)}" + (f" (got {value!r})" if value else ""))
   return key.names.index(value)
 
@@ -189,7 +178,7 @@ def _prepared_summary(prepared_dir: str) -> dict:
   import json  # pylint: disable=import-outside-toplevel
   path = os.path.join(prepared_dir, "prepared.json")
   if not os.path.exists(path):
-    raise FileNotFoundError(f"{path} not found: the run's vocabulary lives in its prepared "
+    raise MissingInput(f"{path} not found: the run's vocabulary lives in its prepared "
                             f"data (data.prepared_dir); run from the directory the run was "
                             f"trained in, or pass a workdir whose config names it")
   with open(path, encoding="utf-8") as f:
@@ -206,7 +195,7 @@ class _OpenFile:
   left: int                        # segments not decoded yet
 
 
-class FileTranslator:
+class FileDecoder:
   """Audio files -> their transcripts and translations, decoded in batches of a fixed set of
   shapes (module docstring). Holds at most `max_open_files` files' features at a time: when
   more are open, the bucket holding the oldest one's next segment is decoded, full or not."""
@@ -221,21 +210,21 @@ class FileTranslator:
     to a batch of dozens); rate_norm_target: speaking-rate normalisation's density target
     (default: the run's eval.rate_norm_target; 0 = off)."""
     if segment_seconds <= 0:
-      raise ValueError(f"segment_seconds={segment_seconds}; give a positive number of seconds")
+      raise InvalidValue(f"segment_seconds={segment_seconds}; give a positive number of seconds")
     for stage in stages:
       if stage not in ip.SPEECH_STAGES:
-        raise ValueError(f"stage {stage!r}; valid: {ip.SPEECH_STAGES}")
+        raise InvalidValue(f"stage {stage!r}; valid: {ip.SPEECH_STAGES}")
     self.config = schema.load_config(workdir)
     if rate_norm_target is not None:
       with self.config.unlocked():
         self.config.eval.rate_norm_target = rate_norm_target
     self.stages, self.segment_seconds = tuple(stages), segment_seconds
-    self.translators = {stage: StageTranslator(workdir, self.config, stage, checkpoint, beam,
+    self.decoders = {stage: StageDecoder(workdir, self.config, stage, checkpoint, beam,
                                                task, target_lang) for stage in self.stages}
     self.edges = frame_buckets(segment_seconds)
     batch_frames = batch_frames or self.config.eval.batch_frames
     if batch_frames <= 0 or (max_batch is not None and max_batch <= 0):
-      raise ValueError(f"batch_frames={batch_frames}, max_batch={max_batch}: give positive "
+      raise InvalidValue(f"batch_frames={batch_frames}, max_batch={max_batch}: give positive "
                        f"numbers")
     self.batch_sizes = [max(1, min(batch_frames // edge, max_batch or batch_frames))
                         for edge in self.edges]
@@ -243,9 +232,9 @@ class FileTranslator:
 
   def compiled_programs(self) -> dict[str, int]:
     """{stage: search programs compiled so far}: at most len(self.edges) each."""
-    return {stage: t.compiled_programs() for stage, t in self.translators.items()}
+    return {stage: t.compiled_programs() for stage, t in self.decoders.items()}
 
-  def translate(self, paths: Iterable[str]) -> Iterator[dict]:
+  def decode(self, paths: Iterable[str]) -> Iterator[dict]:
     """Yields, for each file, as soon as it is decoded: {'index' (its position in `paths`),
     'path', 'segments', and per stage its text}, or {'index', 'path', 'error'} for a file that
     cannot be used."""
@@ -282,8 +271,8 @@ class FileTranslator:
     queue, size = queues[bucket], self.batch_sizes[bucket]
     items = [queue.popleft() for _ in range(min(size, len(queue)))]
     features = [f for _, _, f in items]
-    for stage, translator in self.translators.items():
-      for (index, number, _), text in zip(items, translator(features, self.edges[bucket], size)):
+    for stage, decoder in self.decoders.items():
+      for (index, number, _), text in zip(items, decoder(features, self.edges[bucket], size)):
         open_files[index].texts[stage][number] = text
     for index, _, _ in items:
       entry = open_files[index]
@@ -294,7 +283,7 @@ class FileTranslator:
                **{stage: " ".join(t for t in texts if t) for stage, texts in entry.texts.items()}}
 
 
-def translate_files(workdir: str, paths, stages=("asr", "st"), checkpoint: str | None = None,
+def decode_files(workdir: str, paths, stages=("asr", "st"), checkpoint: str | None = None,
                     beam: int | None = None, segment_seconds: float = DEFAULT_SEGMENT_SECONDS,
                     task: str | None = None, target_lang: str | None = None,
                     on_result=None) -> list[dict]:
@@ -302,10 +291,10 @@ def translate_files(workdir: str, paths, stages=("asr", "st"), checkpoint: str |
   a file that cannot be used has {'path', 'error'} instead. on_result(result) is called with
   each as soon as it is decoded (in the order decoded)."""
   paths = list(paths)
-  translator = FileTranslator(workdir, stages, checkpoint, beam, segment_seconds, task,
-                              target_lang, max_batch=_batch_cap(len(paths)))
+  decoder = FileDecoder(workdir, stages, checkpoint, beam, segment_seconds, task,
+                              target_lang, max_batch=batch_cap(len(paths)))
   results = [None] * len(paths)
-  for result in translator.translate(paths):
+  for result in decoder.decode(paths):
     index = result.pop("index")
     results[index] = result
     if on_result is not None:
@@ -313,76 +302,6 @@ def translate_files(workdir: str, paths, stages=("asr", "st"), checkpoint: str |
   return results
 
 
-def _batch_cap(files: int) -> int:
+def batch_cap(files: int) -> int:
   """The largest batch worth compiling for this many files: the next power of two."""
   return 1 << max(0, files - 1).bit_length()
-
-
-def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workdir", required=True, help="a run's workdir (run.py --workdir)")
-  parser.add_argument("audio", nargs="+", help="audio files (wav, flac, mp3, ...)")
-  parser.add_argument("--output", default=None,
-                      help="write the results to this file (.tsv or .jsonl) instead of stdout; "
-                           "a rerun skips the files already in it")
-  parser.add_argument("--format", default=None, choices=output_lib.FORMATS,
-                      help="default: from --output's extension, text on stdout")
-  parser.add_argument("--stages", nargs="+", default=["asr", "st"], choices=ip.SPEECH_STAGES)
-  parser.add_argument("--checkpoint", default=None, choices=ckpt_lib.SELECTIONS,
-                      help="default: the run's eval.checkpoint")
-  parser.add_argument("--beam", type=int, default=None, help="default: the run's eval.beam")
-  parser.add_argument("--segment_seconds", type=float, default=DEFAULT_SEGMENT_SECONDS,
-                      help="longer files are cut at pauses into segments of at most this")
-  parser.add_argument("--batch_frames", type=int, default=None,
-                      help="padded frames per batch (default: the run's eval.batch_frames)")
-  parser.add_argument("--task", default=None,
-                      help="multi-task models: the task of every stack not keyed by the target "
-                           "language (e.g. the source language or the domain)")
-  parser.add_argument("--target_lang", default=None,
-                      help="one-to-many models: the language to translate into")
-  parser.add_argument("--rate_norm_target", type=float, default=None,
-                      help="speaking-rate normalisation: CTC greedy pieces per encoder position "
-                           "above which a segment is slowed down before decoding; 0 = off "
-                           "(default: the run's eval.rate_norm_target)")
-  args = parser.parse_args(argv)
-  stages = tuple(args.stages)
-  compile_clock.use_compilation_cache(schema.load_config(args.workdir))   # before compiling
-  fmt = output_lib.output_format(args.output, args.format)
-  done = output_lib.paths_written(args.output, fmt) if args.output else set()
-  paths = [p for p in args.audio if p not in done]
-  if done:
-    print(f"{len(args.audio) - len(paths)} of {len(args.audio)} files are already in "
-          f"{args.output}; decoding the other {len(paths)}", file=sys.stderr)
-  translator = FileTranslator(args.workdir, stages, args.checkpoint, args.beam,
-                              args.segment_seconds, args.task, args.target_lang,
-                              args.batch_frames, _batch_cap(len(paths)),
-                              args.rate_norm_target)
-  failed = 0
-  with output_lib.ResultWriter(args.output, fmt, stages) as writer:
-    bar = progress_bar(total=len(paths), desc="translating", unit="file")
-    for result in translator.translate(paths):
-      result.pop("index")
-      if "error" in result:
-        failed += 1
-        print(f"skipped {result['error']}", file=sys.stderr, flush=True)
-      else:
-        writer.write(result)
-      bar.update(1)
-    bar.close()
-  if failed:
-    print(f"{failed} of {len(paths)} files could not be decoded (reasons above)",
-          file=sys.stderr)
-  return 1 if failed else 0
-
-
-def _cli():
-  """The command line and console script: user errors -> their message and exit status 2; a
-  file that could not be decoded -> exit status 1 after the others."""
-  sys.exit(cli_errors.report_user_errors(main) or 0)
-
-
-cli = process_setup.command(_cli)
-
-
-if __name__ == "__main__":
-  cli()

@@ -2,10 +2,11 @@
 a missing corpus, checkpoint or prepared data): the message alone on stderr and exit status 2,
 as usage errors are reported by argparse and absl, instead of a Python traceback.
 
-These are the exceptions the toolkit raises with a message that names the bad value and what
-would be valid (ValueError and its ConfigError / LayoutError, OSError and its FileNotFoundError /
-CorpusLayoutError). A programming error can raise them too: MULTIFORMER_TRACEBACK=1 shows the
-traceback.
+These are the exceptions of errors.UserError (InvalidValue, MissingInput, ExistingOutput,
+ResourceError and their kinds: ConfigError, LayoutError, CorpusLayoutError, ...), raised with a
+message that names the bad value and what would be valid. Any other exception, a library's own
+ValueError or OSError included, is a bug or an unforeseen failure and keeps its traceback.
+MULTIFORMER_TRACEBACK=1 shows the traceback of a user error too.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import os
 import sys
 
-USER_ERRORS = (ValueError, OSError)
+from multiformer_common.errors import UserError
+
+USER_ERRORS = (UserError,)
 USER_ERROR_EXIT = 2
 TRACEBACK_ENV = "MULTIFORMER_TRACEBACK"
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from multiformer_common.errors import InvalidValue
 from multiformer_jax.model import layout as layout_lib
 
 # Every architecture registered for the `s2t_multiformer` model in the thesis's fork.
@@ -30,7 +31,7 @@ _KIND_RANK = {layout_lib.FullHeads: 0, layout_lib.KernelHeads: 1, layout_lib.Loc
               layout_lib.ConvHeads: 3}
 
 
-class ArgSupremoError(ValueError):
+class ArgSupremoError(InvalidValue):
   """An --arg-supremo that is not a layout the thesis's code builds."""
 
 

@@ -1,15 +1,13 @@
 """A fairseq S2T checkpoint becomes a run: `evaluate`, `analyze` and `translate` read it like a
 run of run.py, and run.py fine-tunes from it (`--config.st.init_from=OUT`).
 
-    python -m multiformer_jax.import_fairseq --checkpoint checkpoint_best.pt \
-        --data MUSTC_ROOT/en-de --config-yaml config_st.yaml --stage st --out runs/fairseq_st
-
-Writes OUT/config.json (the model as fairseq's arguments define it, the data as the yaml
-says), OUT/{stage}/checkpoints (orbax, one step: the checkpoint's update count) with DONE.json,
+The library of the `import_fairseq` command (multiformer_jax/import_fairseq.py, where its
+options are). Writes OUT/config.json (the model as fairseq's arguments define it, the data as
+the yaml says), OUT/{stage}/checkpoints (orbax, one step: the checkpoint's update count) with DONE.json,
 and the data root's index (OUT/prepared unless --prepared_dir; data_prep.fairseq_data: the
 features stay in fbank80.zip, the vocabulary is fairseq's SentencePiece model and dictionary).
 A `.pt` is read without torch and without running code from its pickle: only what fairseq
-checkpoints hold is built, anything else refused by name (import_fairseq/safe_pickle.py;
+checkpoints hold is built, anything else refused by name (fairseq_checkpoints/safe_pickle.py;
 --trust_pickle unpickles fully with torch). A `.npz` of the state dict (`sd/NAME` arrays and
 `args` as JSON, the form of tests/fixtures/make_fairseq_fixture.py) is read too.
 Nothing is written unless the checkpoint, the data and their vocabulary fit together.
@@ -17,7 +15,6 @@ Nothing is written unless the checkpoint, the data and their vocabulary fit toge
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -26,10 +23,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from multiformer_common.errors import ExistingOutput, InvalidValue, MissingInput
 from data_prep import fairseq_data, vocab
-from data_prep.common import atomic, cli_errors
+from multiformer_common import atomic
 from multiformer_jax.model import S2TModel
-from multiformer_jax.import_fairseq.checkpoint import (FairseqImportError, convert_state_dict,
+from multiformer_jax.fairseq_checkpoints.checkpoint import (FairseqImportError, convert_state_dict,
                                                   head_selection_tasks,
                                                   model_config_from_fairseq,
                                                   read_fairseq_checkpoint)
@@ -50,7 +48,7 @@ def read_checkpoint(path: str, trust_pickle: bool = False) -> tuple[dict, dict, 
   """-> (model args, state dict of arrays, the checkpoint's update count or 0). A `.pt` is
   read without running code from it unless `trust_pickle` (checkpoint.read_fairseq_checkpoint)."""
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"fairseq checkpoint {path} not found")
+    raise MissingInput(f"fairseq checkpoint {path} not found")
   if path.endswith(".npz"):
     arrays = np.load(path)
     if "args" not in arrays.files:
@@ -108,9 +106,9 @@ def import_run(checkpoint: str, data: str, stage: str, out: str,
                trust_pickle: bool = False) -> dict:
   """Writes the run; returns {"config", "step", "prepared_dir", "vocab_size"}."""
   if stage not in ("asr", "st"):
-    raise ValueError(f"--stage {stage!r}; valid: asr, st")
+    raise InvalidValue(f"--stage {stage!r}; valid: asr, st")
   if os.path.exists(os.path.join(out, stage, "checkpoints")):
-    raise FileExistsError(f"{out} already holds a {stage} stage: choose another --out")
+    raise ExistingOutput(f"{out} already holds a {stage} stage: choose another --out")
   args, state, updates = read_checkpoint(checkpoint, trust_pickle)
   model = model_config_from_fairseq(args, state)
   params = convert_state_dict(state, model)
@@ -193,30 +191,3 @@ def _check_tasks(model: ModelConfig, tasks, trained_tasks, summary):
           f"subsets, in id order) but the data root's training split "
           f"({summary['root']}) has {key.field} {list(names)}: import with the root it was "
           f"trained on (its train_SRC_TGT_DOMAIN.tsv subsets)")
-
-
-def main(argv=None):
-  parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
-  parser.add_argument("--checkpoint", required=True, help="fairseq .pt (or .npz state dict)")
-  parser.add_argument("--data", required=True,
-                      help="the fairseq data root (fbank80.zip, {split}_{stage}.tsv, yaml)")
-  parser.add_argument("--config-yaml", default=None,
-                      help="the data root's yaml of the checkpoint (default: config_STAGE.yaml)")
-  parser.add_argument("--stage", default="st", choices=("asr", "st"))
-  parser.add_argument("--out", required=True, help="the run directory to write")
-  parser.add_argument("--prepared_dir", default=None,
-                      help="where the root's index goes (default: OUT/prepared)")
-  parser.add_argument("--trust_pickle", action="store_true",
-                      help="read a .pt with PyTorch's full unpickler (needs torch). A pickle "
-                           "can run any code when it is loaded: use this only for a file whose "
-                           "origin you trust, and only if the default reader, which builds "
-                           "nothing but what fairseq checkpoints hold, refuses it")
-  args = parser.parse_args(argv)
-  result = import_run(args.checkpoint, args.data, args.stage, args.out, args.config_yaml,
-                      args.prepared_dir, args.trust_pickle)
-  print(f"{args.out}: the {args.stage} stage of {args.checkpoint} (step {result['step']}, "
-        f"{result['vocab_size']} symbols); evaluate with\n  python -m multiformer_jax.evaluate "
-        f"--workdir {args.out} --stage {args.stage}")
-
-
-cli = cli_errors.command_line_entry(main)
