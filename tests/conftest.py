@@ -34,7 +34,7 @@ from data_prep.audio import SAMPLE_RATE
 # from a persistent cache instead of being compiled again.
 jax.config.update("jax_compilation_cache_dir",
                   os.path.join(os.path.expanduser("~"), ".cache", "multiformer_jax", "jax-tests"))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 if ON_GPU:
   jax.config.update("jax_default_matmul_precision", "highest")
 
