@@ -179,11 +179,12 @@ def run_app():
 
 
 def cli():
-  """The command: unknown config keys named, the process set up as every command's
-  (runtime/process_setup.py: it re-executes itself once), then absl's app."""
-  check_config_overrides(sys.argv[1:])
+  """The command: the process set up as every command's (runtime/process_setup.py: it
+  re-executes itself once, so before the config file loads JAX), unknown config keys named,
+  then absl's app."""
   from multiformer_jax.runtime import process_setup  # pylint: disable=import-outside-toplevel
   process_setup.set_up()
+  check_config_overrides(sys.argv[1:])
   run_app()
 
 

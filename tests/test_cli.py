@@ -1,6 +1,7 @@
 """Errors a user causes on the command line: their message and exit status 2, no traceback."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -32,6 +33,22 @@ def test_an_unknown_config_key_is_named_with_the_keys_that_exist():
   assert result.returncode == cli_errors.USER_ERROR_EXIT
   assert "the config has no key 'trian'" in result.stderr and "train" in result.stderr
   assert "Traceback" not in result.stderr
+
+
+def test_run_py_re_executes_itself_before_jax_is_imported():
+  # The host-memory set-up re-executes the process (runtime/process_setup.py): work done before
+  # it is done twice, and loading the config file imports JAX.
+  from multiformer_jax.runtime import host_memory  # pylint: disable=import-outside-toplevel
+  if host_memory.host_allocator_environment(
+      os.environ, host_memory.glibc_version(), host_memory.transparent_huge_pages(),
+      host_memory.find_tcmalloc()) is None:
+    pytest.skip("this machine's run.py does not re-execute itself (no huge pages, no tcmalloc)")
+  result = _run("-X", "importtime", "run.py", "--config=configs/quickstart.py",
+                "--config.train.seed=3", "--print_config")
+  assert result.returncode == 0, result.stderr[-2000:]
+  starts = re.findall(r"^import time:.*\| encodings$", result.stderr, re.M)
+  jax_imports = re.findall(r"^import time:.*\| +jax$", result.stderr, re.M)
+  assert (len(starts), len(jax_imports)) == (2, 1)
 
 
 def test_missing_prepared_data_and_checkpoints_exit_2_with_the_message(tmp_path):
