@@ -39,9 +39,7 @@ def test_run_py_re_executes_itself_before_jax_is_imported():
   # The host-memory set-up re-executes the process (runtime/process_setup.py): work done before
   # it is done twice, and loading the config file imports JAX.
   from multiformer_jax.runtime import host_memory  # pylint: disable=import-outside-toplevel
-  if host_memory.host_allocator_environment(
-      os.environ, host_memory.glibc_version(), host_memory.transparent_huge_pages(),
-      host_memory.find_tcmalloc()) is None:
+  if host_memory.reexecution_environment() is None:
     pytest.skip("this machine's run.py does not re-execute itself (no huge pages, no tcmalloc)")
   result = _run("-X", "importtime", "run.py", "--config=configs/quickstart.py",
                 "--config.train.seed=3", "--print_config")

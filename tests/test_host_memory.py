@@ -181,11 +181,7 @@ def test_reexecutes_once_with_the_same_arguments(extra_env):
              if k not in ("GLIBC_TUNABLES", "MULTIFORMER_HUGE_PAGES", "MULTIFORMER_TCMALLOC",
                           "LD_PRELOAD")}
   environ.update(extra_env, PYTHONPATH=REPO)
-  expected = host_memory.host_allocator_environment(
-      environ, host_memory.glibc_version(), host_memory.transparent_huge_pages(),
-      host_memory.find_tcmalloc())
-  if not sys.platform.startswith("linux"):
-    expected = None
+  expected = host_memory.reexecution_environment(environ)
   out = subprocess.run([sys.executable, "-c", SCRIPT, "first", "--second=2"], env=environ,
                        capture_output=True, text=True, timeout=120, check=True).stdout.split("\n")
   final = expected or environ

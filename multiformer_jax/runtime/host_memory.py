@@ -180,14 +180,20 @@ def describe(environ=os.environ) -> str:
           f"opt out: {TCMALLOC_OPT_OUT_VARIABLE}=0)")
 
 
+def reexecution_environment(environ=os.environ) -> dict | None:
+  """The environment set_up_host_allocator re-executes a process started with `environ` in on
+  this machine (with the tcmalloc found now), or None where it does not re-execute it."""
+  if not sys.platform.startswith("linux"):
+    return None
+  return host_allocator_environment(environ, glibc_version(), transparent_huge_pages(),
+                                    find_tcmalloc())
+
+
 def set_up_host_allocator() -> None:
   """Re-execute this process with tcmalloc preloaded and glibc.malloc.hugetlb=1, each where it
   helps (see the module docstring); returns only when nothing had to change. Call it before
   any work is done."""
-  if not sys.platform.startswith("linux"):
-    return
-  environment = host_allocator_environment(os.environ, glibc_version(),
-                                           transparent_huge_pages(), find_tcmalloc())
+  environment = reexecution_environment()
   if environment is None:
     return
   sys.stdout.flush()
