@@ -3,14 +3,15 @@ input), prepared once per test session."""
 
 import os
 
-# Tests check what the programs compute, not how fast they run. LLVM's optimisation level only
-# changes the machine code XLA:CPU emits for the same optimised HLO (fast-math stays off); at 0
-# compiling takes about half as long, and compiling is most of this suite's time. Subprocesses
-# (run.py, the two-device scripts) inherit it through the environment. Set
-# --xla_backend_optimization_level in XLA_FLAGS yourself to test another level.
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+# Tests check what the programs compute, not how fast they run, and compiling is most of this
+# suite's time. Two settings of XLA:CPU's code generation make it cheaper: LLVM's optimisation
+# level 0 (fast-math stays off), and the loop emitters XLA:CPU had before its MLIR fusion
+# emitters (which take about twice as long on the tests' small programs). Subprocesses (run.py, the two-device scripts) inherit both through
+# the environment. Name either flag in XLA_FLAGS yourself to test another setting.
+TEST_XLA_FLAGS = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
+for _flag, _value in TEST_XLA_FLAGS.items():
+  if _flag not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --{_flag}={_value}".strip()
 
 # On a GPU the suite asks for what the CPU does anyway: float32 matrix products in float32
 # (XLA:GPU's default is TF32, about three significant digits, where the tests compare with
