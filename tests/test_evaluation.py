@@ -1,6 +1,7 @@
 """The evaluation path besides the search: forced decoding scores, WER and BLEU as fairseq and
 sacreBLEU define them, checkpoint averaging."""
 
+import dataclasses
 import unicodedata
 
 import jax
@@ -42,6 +43,22 @@ def test_forced_decoding_scores_equal_teacher_forced_log_probabilities():
       cfg.vocab_size, prefix_tokens=refs, normalize_scores=False)
   np.testing.assert_array_equal(tokens[:, :refs.shape[1]], refs)
   np.testing.assert_allclose(score, teacher, atol=1e-4)
+
+
+def test_a_search_made_again_for_an_equal_model_reuses_its_compiled_programs():
+  """make_beam_search for a model of an equal config (training's dev scoring, then evaluation
+  after training) is the same jitted search: a batch shape decoded once is not traced again."""
+  from multiformer_jax.evaluation.inference import make_beam_search
+  from multiformer_jax.model import S2TModel
+  model, params = tiny_model()
+  first = make_beam_search(model, 2, 1.0, 0.0, 4)
+  again = make_beam_search(S2TModel(dataclasses.replace(model.config)), 2, 1.0, 0.0, 4)
+  assert again is first and make_beam_search(model, 3, 1.0, 0.0, 4) is not first
+  feats = jnp.asarray(RNG.normal(size=(2, 24, model.config.input_dim)), jnp.float32)
+  lengths = jnp.array([24, 17])
+  tokens = first(params, feats, lengths)
+  np.testing.assert_array_equal(again(params, feats, lengths), tokens)
+  assert first._cache_size() == 1       # pylint: disable=protected-access  (one program)
 
 
 def fairseq_wer(hypotheses, references):

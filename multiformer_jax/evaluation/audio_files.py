@@ -130,6 +130,7 @@ class StageDecoder:
     self.pick = lm_rescorer(config, stage, lm, beam or e.beam, e.length_penalty) if lm else None
     self.search = make_beam_search_for(self.model, e, beam, nbest=self.pick is not None,
                                         stage=stage)
+    self.batch_shapes = set()              # (rows, frames, mel bins) decoded
 
   def __call__(self, feature_list: list[np.ndarray], frames: int | None = None,
                rows: int | None = None) -> list[str]:
@@ -147,6 +148,7 @@ class StageDecoder:
         jnp.full((rows,), self.tasks[side], jnp.int32) if side in self.tasks else None
         for side in ("encoder", "decoder"))
     prefix = None if self.prefix is None else jnp.full((rows,), self.prefix, jnp.int32)
+    self.batch_shapes.add(batch.shape)
     out = self.search(self.params, jnp.asarray(batch), jnp.asarray(lengths), tasks, prefix,
                          jax.random.PRNGKey(self.config.train.seed))
     forced, n = (0 if prefix is None else 1), len(feature_list)
@@ -157,8 +159,9 @@ class StageDecoder:
     return [self.vocab.decode(row[forced:]) for row in tokens]
 
   def compiled_programs(self) -> int:
-    """How many search programs this stage has compiled (one per batch shape met)."""
-    return self.search._cache_size()  # pylint: disable=protected-access
+    """How many search programs this stage has run: one per batch shape it has decoded
+    (compiled on its first use in the process)."""
+    return len(self.batch_shapes)
 
 
 def stack_task_id(key: ip.TaskKey, stage: str, task: str | None, target_lang: str | None

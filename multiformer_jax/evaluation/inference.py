@@ -6,6 +6,7 @@ at each evaluation when eval.score_dev is set.
 
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -20,6 +21,7 @@ from multiformer_jax.evaluation.metrics import corpus_bleu, corpus_wer
 from multiformer_jax.model import S2TModel, init_cache, split_tasks
 
 
+@functools.lru_cache(maxsize=16)
 def make_beam_search(model: S2TModel, beam: int, length_penalty: float, max_len_a: float,
                    max_len_b: int, min_len: int = 1, unk_penalty: float = 0.0,
                    nbest: bool = False, ctc_weight: float = 0.0, no_repeat_ngram_size: int = 0,
@@ -37,6 +39,10 @@ def make_beam_search(model: S2TModel, beam: int, length_penalty: float, max_len_
   rate_norm_target > 0: speaking-rate normalisation (`rate_norm`): an utterance whose CTC
   greedy path has more pieces per encoder position than this is stretched in time by the ratio
   (at most rate_norm_max_stretch) before the search; max_len counts the frames given.
+
+  Equal arguments (an equal model: the same config) give the same jitted function, so a search
+  made again in one process (training's dev scoring, then evaluation after training; each file
+  decoder of translate) reuses the programs already traced and compiled for its batch shapes.
   """
   cfg = model.config
   if not 0.0 <= ctc_weight <= 1.0:

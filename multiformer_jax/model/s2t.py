@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 import flax.linen as nn
@@ -103,7 +104,14 @@ def init_params(model: S2TModel, key, batch: int = 1, frames: int = 16, tokens: 
   features = jnp.zeros((batch, frames, cfg.input_dim), jnp.float32)
   lengths = jnp.full((batch,), frames, jnp.int32)
   prev = jnp.full((batch, tokens), cfg.eos_id, jnp.int32)
-  return jax.jit(model.init)({"params": key}, features, lengths, prev)["params"]
+  return _jitted_init(model)({"params": key}, features, lengths, prev)["params"]
+
+
+@functools.lru_cache(maxsize=16)
+def _jitted_init(model: S2TModel):
+  """model.init, jitted once per model (an equal config is an equal model): a process that
+  initialises the same model again (each stage of a run, each test) reuses its program."""
+  return jax.jit(model.init)
 
 
 def init_cache(model_or_config, batch: int, max_len: int):
