@@ -38,19 +38,14 @@ class TrainState:
 
 def create_state(model: S2TModel, tx, key, init: Callable = init_params) -> TrainState:
   """The state before the first update; `init(model, key)` makes the parameters (an
-  S2TModel's by default). One compiled program makes all of it: made op by op, the optimizer's
-  and the accumulator's zeros compile a small program for each parameter shape."""
-
-  def make(key):
-    init_key, rng = jax.random.split(key)
-    params = init(model, init_key)
-    return TrainState(step=jnp.array(0, jnp.int32), micro_step=jnp.array(0, jnp.int32),
-                      params=params, opt_state=tx.init(params),
-                      grad_acc=jax.tree_util.tree_map(jnp.zeros_like, params),
-                      acc_tokens=jnp.array(0.0, jnp.float32), rng=rng,
-                      nonfinite=jnp.array(0, jnp.int32))
-
-  return jax.jit(make)(key)
+  S2TModel's by default)."""
+  init_key, rng = jax.random.split(key)
+  params = init(model, init_key)
+  return TrainState(step=jnp.array(0, jnp.int32), micro_step=jnp.array(0, jnp.int32),
+                    params=params, opt_state=tx.init(params),
+                    grad_acc=jax.tree_util.tree_map(jnp.zeros_like, params),
+                    acc_tokens=jnp.array(0.0, jnp.float32), rng=rng,
+                    nonfinite=jnp.array(0, jnp.int32))
 
 
 class Programs:
