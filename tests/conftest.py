@@ -6,8 +6,9 @@ import os
 # Tests check what the programs compute, not how fast they run, and compiling is most of this
 # suite's time. Two settings of XLA:CPU's code generation make it cheaper: LLVM's optimisation
 # level 0 (fast-math stays off), and the loop emitters XLA:CPU had before its MLIR fusion
-# emitters (which take about twice as long on the tests' small programs). Subprocesses (run.py, the two-device scripts) inherit both through
-# the environment. Name either flag in XLA_FLAGS yourself to test another setting.
+# emitters (which take about twice as long on the tests' small programs). Subprocesses (run.py,
+# the two-device scripts) inherit both through the environment. Name either flag in XLA_FLAGS
+# yourself to test another setting.
 TEST_XLA_FLAGS = {"xla_backend_optimization_level": "0", "xla_cpu_use_fusion_emitters": "false"}
 for _flag, _value in TEST_XLA_FLAGS.items():
   if _flag not in os.environ.get("XLA_FLAGS", ""):
