@@ -9,8 +9,9 @@ from multiformer_jax.model.attention import (MultiHeadMultiAttention, favor_atte
                                        local_attention, softmax_attention)
 from multiformer_jax.model.attention import local as local_lib
 from multiformer_jax.model.attention.blockwise import dropout_keep_mask
-from multiformer_jax.model.attention.kernel import (favor_weights, query_stabiliser,
-                                              orthogonal_gaussian_features)
+from multiformer_jax.model.attention.kernel import (KernelAttention, favor_weights,
+                                                    fixed_features, query_stabiliser,
+                                                    orthogonal_gaussian_features)
 from multiformer_jax.model.layout import parse_layout
 
 RNG = np.random.default_rng(0)
@@ -185,6 +186,20 @@ def test_orthogonal_features_are_orthogonal_within_blocks():
   w = np.asarray(orthogonal_gaussian_features(jax.random.PRNGKey(0), 20, 8))
   block = w[:8] / np.linalg.norm(w[:8], axis=1, keepdims=True)
   np.testing.assert_allclose(block @ block.T, np.eye(8), atol=1e-5)
+
+
+def test_fixed_features_are_the_seeds_draw_made_once_per_process():
+  """A layer's fixed features are orthogonal_gaussian_features of its seed's key, bit for bit,
+  and drawn once: each later trace (train step, dev step, search) takes the same array."""
+  drawn = orthogonal_gaussian_features(jax.random.PRNGKey(7), 12, 4)
+  assert fixed_features(7, 12, 4) is fixed_features(7, 12, 4)
+  np.testing.assert_array_equal(fixed_features(7, 12, 4), drawn)
+  assert not np.array_equal(fixed_features(8, 12, 4), drawn)
+  q, k, v = qkv(2, 6, 2, 4)
+  mask = jnp.asarray([[True] * 6, [True] * 4 + [False] * 2])
+  layer = KernelAttention(features=12, seed=7, implementation="xla")
+  np.testing.assert_array_equal(layer.apply({}, q, k, v, mask),
+                                favor_attention(q, k, v, mask, drawn, "xla"))
 
 
 def test_kernel_linear_form_equals_its_quadratic_form():

@@ -246,13 +246,25 @@ PMAP_VS_JIT = textwrap.dedent("""
     from tests.test_train import tiny_update_setup
     config, model, batch = tiny_update_setup()
     tx, schedule = optimizer.make_optimizer(config.train, config.asr)
+    compiled = []                  # XLA compilations (or persistent-cache reads) from here on
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, _, **__: compiled.append(event)
+        if event == "/jax/core/compile/backend_compile_duration" else None)
     results = {}
     for mode in ("pmap", "jit"):
       dp = DataParallel(mode)
       state = steps.create_state(model, tx, jax.random.PRNGKey(0))
       initial = jax.device_get(state.params)                       # the step donates state
       step, _ = steps.make_steps(model, tx, schedule, dp, 0.1)
+      before = len(compiled)
       new = dp.replicate(state)
+      assert len(compiled) == before, (mode, compiled[before:])     # copies, no program
+      for leaf, value in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(state)):
+        copies = [np.asarray(shard.data) for shard in leaf.addressable_shards]
+        if mode == "pmap":                  # one copy per device on a leading device axis
+          assert leaf.shape == (2,) + value.shape and len(copies) == 2
+          copies = [c[0] for c in copies]
+        assert all(np.array_equal(c, np.asarray(value)) for c in copies)
       for _ in range(2):
         new, metrics = step(new, dp.shard(batch), True, True)
       results[mode] = dp.unreplicate(new.params)
@@ -304,7 +316,7 @@ PMAP_VS_JIT = textwrap.dedent("""
 def test_pmap_and_jit_give_the_same_update_on_two_devices():
   """One micro-batch per update and two: the same parameters under pmap and jit; with two,
   the gradients are all-reduced only in the update's last program (apply), never per
-  micro-batch."""
+  micro-batch. Replicating the state copies it onto each device and compiles nothing."""
   result = subprocess.run([sys.executable, "-c", PMAP_VS_JIT], capture_output=True, text=True,
                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                           env={**os.environ, "XLA_FLAGS": devices_flag(2)}, timeout=600,

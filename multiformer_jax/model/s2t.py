@@ -8,6 +8,7 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from multiformer_jax.model import decoder as decoder_lib
 from multiformer_jax.model.decoder import Decoder
@@ -99,11 +100,12 @@ def build_model(config: Any) -> S2TModel:
 
 
 def init_params(model: S2TModel, key, batch: int = 1, frames: int = 16, tokens: int = 4):
-  """Initial parameters for `model` from `key` (shapes do not depend on the dummy sizes)."""
+  """Initial parameters for `model` from `key` (shapes do not depend on the dummy sizes). The
+  dummy inputs are host arrays: made on the device, each would be a small program to compile."""
   cfg = model.config
-  features = jnp.zeros((batch, frames, cfg.input_dim), jnp.float32)
-  lengths = jnp.full((batch,), frames, jnp.int32)
-  prev = jnp.full((batch, tokens), cfg.eos_id, jnp.int32)
+  features = np.zeros((batch, frames, cfg.input_dim), np.float32)
+  lengths = np.full((batch,), frames, np.int32)
+  prev = np.full((batch, tokens), cfg.eos_id, np.int32)
   return _jitted_init(model)({"params": key}, features, lengths, prev)["params"]
 
 

@@ -27,6 +27,8 @@ class DataParallel:
     self.mode = mode
     self.local_devices = jax.local_devices()
     self.num_local = len(self.local_devices)
+    self.stacked = NamedSharding(jax.sharding.Mesh(np.array(self.local_devices), (AXIS,)),
+                                 PartitionSpec(AXIS))      # pmap: [local devices, ...]
     if mode == "jit":
       self.mesh = jax.make_mesh((jax.device_count(),), (AXIS,),
                                 axis_types=(AxisType.Auto,))
@@ -62,12 +64,22 @@ class DataParallel:
     return jax.lax.axis_index(AXIS) if self.mode == "pmap" else 0
 
   def replicate(self, tree):
+    """-> `tree` on every device: pmap's copies stacked on a leading axis of the local
+    devices, jit's replicated over the mesh. From host values: a restored state's arrays sit
+    on one device of this process, and moving them onto a mesh that spans processes would be
+    a cross-host transfer. Nothing is compiled (flax's jax_utils.replicate stacks each leaf
+    on a device: one small program per leaf shape, compiled in every process)."""
+    host = jax.device_get(tree)
     if self.mode == "pmap":
-      from flax import jax_utils  # pylint: disable=import-outside-toplevel
-      return jax_utils.replicate(tree, self.local_devices)
-    # From host values: a restored state's arrays sit on one device of this process, and
-    # moving them onto a mesh that spans processes would be a cross-host transfer.
-    return jax.device_put(jax.device_get(tree), self.replicated)
+      return jax.tree_util.tree_map(self._copy_to_local_devices, host)
+    return jax.device_put(host, self.replicated)
+
+  def _copy_to_local_devices(self, x) -> jax.Array:
+    """A host array -> [local devices, ...] with one copy on each, as pmap takes it."""
+    x = np.asarray(x)
+    copies = [jax.device_put(x[None], device) for device in self.local_devices]
+    return jax.make_array_from_single_device_arrays((self.num_local,) + x.shape, self.stacked,
+                                                    copies)
 
   def unreplicate(self, tree):
     """-> host numpy arrays of one replica: this process's first device's, copied as it is.

@@ -26,6 +26,7 @@ weight of the model (`projection`, drawn at initialisation as FastAttention draw
 trained: its gradient is stopped), so a checkpoint of the thesis's code imports exactly.
 """
 
+import functools
 import math
 
 import flax.linen as nn
@@ -53,6 +54,22 @@ def orthogonal_gaussian_features(key, num_features: int, dim: int):
   rows = jnp.concatenate(blocks, axis=0)[:num_features]
   norms = jnp.linalg.norm(jax.random.normal(block_keys[-1], (num_features, dim)), axis=1)
   return rows * norms[:, None]
+
+
+def fixed_features(seed: int, num_features: int, dim: int) -> jax.Array:
+  """orthogonal_gaussian_features of PRNGKey(seed), a concrete array drawn once per process
+  and setting of JAX's random bits: every trace of a model with fixed kernel heads (its
+  initialisation, train and dev steps, each search) takes it as a constant instead of
+  drawing it again, one small eager program per operation, inside the trace."""
+  return _fixed_features(seed, num_features, dim, jax.config.jax_default_prng_impl,
+                         jax.config.jax_threefry_partitionable)
+
+
+@functools.lru_cache(maxsize=64)
+def _fixed_features(seed, num_features, dim, prng_impl, threefry_partitionable):
+  del prng_impl, threefry_partitionable          # part of the cache's key: they set the bits
+  with jax.ensure_compile_time_eval():
+    return orthogonal_gaussian_features(jax.random.PRNGKey(seed), num_features, dim)
 
 
 @jax.custom_vjp
@@ -201,9 +218,8 @@ class KernelAttention(nn.Module):
       raise InvalidValue(f"kernel redraw policy {self.redraw!r}; valid: {REDRAW_POLICIES}")
     if self.redraw == "step" and not deterministic:
       return orthogonal_gaussian_features(self.make_rng("dropout"), self.features, head_dim)
-    # A constant of the compiled program: drawn once at trace time, not at every step.
-    with jax.ensure_compile_time_eval():
-      return orthogonal_gaussian_features(jax.random.PRNGKey(self.seed), self.features, head_dim)
+    # A constant of the compiled program, not drawn at every step.
+    return fixed_features(self.seed, self.features, head_dim)
 
   def __call__(self, q, k, v, key_mask, deterministic: bool = True):
     if self.thesis:              # every position a key, padded ones included
