@@ -106,13 +106,14 @@ def init_params(model: S2TModel, key, batch: int = 1, frames: int = 16, tokens: 
   features = np.zeros((batch, frames, cfg.input_dim), np.float32)
   lengths = np.full((batch,), frames, np.int32)
   prev = np.full((batch, tokens), cfg.eos_id, np.int32)
-  return _jitted_init(model)({"params": key}, features, lengths, prev)["params"]
+  return jitted_init(model)({"params": key}, features, lengths, prev)["params"]
 
 
 @functools.lru_cache(maxsize=16)
-def _jitted_init(model: S2TModel):
-  """model.init, jitted once per model (an equal config is an equal model): a process that
-  initialises the same model again (each stage of a run, each test) reuses its program."""
+def jitted_init(model: nn.Module):
+  """model.init, jitted once per model (an equal config is an equal model; S2TModel and the MT
+  stage's MTModel alike): a process that initialises the same model again (each stage of a
+  run, each test) reuses its program."""
   return jax.jit(model.init)
 
 

@@ -34,6 +34,7 @@ from multiformer_jax.evaluation.decode import beam_search
 from multiformer_jax.evaluation.metrics import corpus_bleu
 from multiformer_jax.model.decoder import init_cache
 from multiformer_jax.model.mt_model import MTModel
+from multiformer_jax.model.s2t import jitted_init
 from multiformer_jax.model.stacked import text_layers_config
 from multiformer_jax.runtime.train_log import StageLogger
 from multiformer_jax.training.loss import make_mt_loss_sums
@@ -72,9 +73,10 @@ def mt_model(config, data: ip.SplitData) -> MTModel:
 
 
 def init_mt_params(model: MTModel, key):
-  """Initial parameters (their shapes do not depend on the dummy batch's)."""
-  dummy = jnp.full((1, 8), EOS_ID, jnp.int32)
-  return jax.jit(model.init)({"params": key}, dummy, dummy)["params"]
+  """Initial parameters (their shapes do not depend on the dummy batch's, a host array as in
+  init_params)."""
+  dummy = np.full((1, 8), EOS_ID, np.int32)
+  return jitted_init(model)({"params": key}, dummy, dummy)["params"]
 
 
 def _padded_chunks(n: int, size: int):
