@@ -24,6 +24,12 @@ ON_GPU = xla_flags.cuda_plugin_installed()
 if ON_GPU and "xla_gpu_deterministic_ops" not in os.environ.get("XLA_FLAGS", ""):
   os.environ["XLA_FLAGS"] += " --xla_gpu_deterministic_ops=true"
 
+# Every run.py child of the fault tests initialises the same tiny model and draws the same
+# kernel features, programs of 0.2-1 s to compile that JAX's default threshold (1 s) leaves out
+# of the persistent cache: about 1.5 s of a 15 s child compiled again in each. Children inherit
+# this; a value of your own in the environment wins.
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
 import jax  # pylint: disable=wrong-import-position  (after XLA_FLAGS: read when jax starts)
 import numpy as np
 import pytest

@@ -1,10 +1,17 @@
-"""The compile clock counts first calls (trace, lower, XLA) and nothing else."""
+"""The compile clock counts first calls (trace, lower, XLA) and nothing else; the persistent
+cache keeps what JAX's threshold says."""
+
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from multiformer_jax.runtime import compile_clock
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_counts_a_first_call_and_not_a_cached_one():
@@ -55,3 +62,23 @@ def test_union_of_intervals_against_a_brute_force_count():
     for start, end in intervals:
       covered[start:end] = True
     assert compile_clock._union_seconds(intervals) == covered.sum()  # pylint: disable=protected-access
+
+
+def test_the_cache_keeps_the_minimum_compile_time_the_environment_sets(tmp_path):
+  """use_compilation_cache names the cache's folder and leaves JAX's threshold for what to keep
+  to JAX: its default, or what JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS says."""
+  script = ("import ml_collections, jax\n"
+            "from multiformer_jax.runtime import compile_clock\n"
+            "config = ml_collections.ConfigDict({'train': {'compilation_cache': %r}})\n"
+            "compile_clock.use_compilation_cache(config)\n"
+            "print(jax.config.jax_compilation_cache_dir, "
+            "jax.config.jax_persistent_cache_min_compile_time_secs)\n" % str(tmp_path))
+  for setting, expected in (("0.2", 0.2), (None, 1.0)):
+    env = {k: v for k, v in os.environ.items()
+           if k != "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"}
+    if setting is not None:
+      env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = setting
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300, check=True)
+    folder, threshold = result.stdout.split()
+    assert folder == str(tmp_path) and float(threshold) == expected, (setting, result.stdout)

@@ -78,8 +78,8 @@ def use_compilation_cache(config):
   """Turns on the persistent compilation cache the config names (train.compilation_cache; ""
   = off): reruns, resumed runs and later commands on the same run load their compiled programs
   instead of compiling them again. Call it before anything compiles. Programs that compile in
-  under a second are not kept (JAX's default)."""
+  under JAX's jax_persistent_cache_min_compile_time_secs are not kept: 1 s unless the
+  environment sets another (JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS)."""
   cache = config.train.compilation_cache
   if cache:
     jax.config.update("jax_compilation_cache_dir", os.path.expanduser(cache))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
