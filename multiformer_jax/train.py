@@ -24,6 +24,7 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
+from multiformer_common import cli_errors
 from multiformer_jax.runtime import cluster
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiment config file",
@@ -98,23 +99,26 @@ def main(argv):
   from multiformer_jax.runtime import faults, peers  # pylint: disable=import-outside-toplevel
   with faults.handling_stop_signals():
     watch = None
-    status = "failed: see its log"
+    status, exit_status = "failed: see its log", 1
     try:
       initialize_distributed(jax)
       if jax.process_count() > 1:
         watch = peers.PeerWatch(_PEER_TIMEOUT.value).start()
       _train(_CONFIG.value, _WORKDIR.value)
-      status = "finished"
+      status, exit_status = "finished", 0
     except faults.Stopped as stopped:
       status = f"stopped by {faults.signal_name(stopped.signum)}"
+      exit_status = faults.exit_code(stopped.signum)
       logging.getLogger("multiformer_jax").warning("%s", stopped)
-      sys.exit(faults.exit_code(stopped.signum))
+      sys.exit(exit_status)
     except Exception as error:  # pylint: disable=broad-except  # told to the peers, raised
       status = f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
+      if isinstance(error, cli_errors.USER_ERRORS):
+        exit_status = cli_errors.USER_ERROR_EXIT
       raise
     finally:
       if watch is not None:
-        watch.leave(status)
+        watch.leave(status, exit_status)
 
 
 def _train(config, workdir: str):
@@ -161,7 +165,6 @@ def check_config_overrides(argv):
 
 
 def run_main(argv):
-  from multiformer_common import cli_errors  # pylint: disable=import-outside-toplevel
   cli_errors.report_user_errors(main, argv)
 
 

@@ -1,13 +1,16 @@
 """Two CPU processes training together (jax.distributed, one device each) cannot race: a kill
 and a rerun resume both bit for bit (pmap), a corrupt latest checkpoint is moved aside once
-and both resume from the same step (jit, two micro-batches an update), and data that is missing stops both with the reason
-(none waits for ever)."""
+and both resume from the same step (jit, two micro-batches an update), data that is missing
+stops both with the reason (none waits for ever), and a process that finished exits cleanly
+(its peer watch ended before the interpreter finalizes)."""
 
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
+import textwrap
 import time
 
 import jax
@@ -16,7 +19,8 @@ import pytest
 
 from multiformer_jax.runtime import peers
 from multiformer_jax.runtime.train_log import DONE
-from tests.test_reliability import _communicate, _final_state, _free_port, _run, _write_config
+from tests.test_reliability import (REPO, _communicate, _final_state, _free_port, _run,
+                                    _write_config)
 from tests.test_signals import assert_same_checkpoints
 from tests.test_train import devices_flag
 
@@ -147,3 +151,37 @@ def test_when_one_of_two_processes_dies_the_other_stops_naming_it(prepared, tmp_
       assert re.search(r"process 0 \(host \S+, pid \d+\) runs this run's coordination "
                        r"service", logs[survivor])
       assert "the JAX distributed service detected fatal errors" in logs[survivor]
+
+
+EXIT_ORDER = textwrap.dedent("""
+    import atexit, sys
+    sys.path.insert(0, {repo!r})
+    watches = []
+
+    def at_finalization():   # registered first, so it runs last
+      from jax._src import distributed
+      print("jax shut down:", distributed.global_state.client is None,
+            "watch thread alive:", watches[0]._thread.is_alive(), flush=True)
+
+    atexit.register(at_finalization)
+    from multiformer_jax.runtime import process_setup
+    process_setup.set_up()
+    import jax
+    jax.distributed.initialize("127.0.0.1:{port}", 1, 0)
+    from multiformer_jax.runtime import peers
+    watches.append(peers.PeerWatch(60).start())
+    watches[0].leave("finished", 0)
+""")
+
+
+def test_a_finished_process_ends_its_peer_watch_before_the_interpreter_finalizes():
+  """A daemon thread that returns from a call into JAX's C++ client while the interpreter
+  finalizes is ended by pthread_exit, whose unwinding through the C++ frame aborts the process
+  (a finished two-process run once exited with SIGABRT so): by then the watch has ended, and
+  JAX's own exit handler has shut its client down while the watch still ran."""
+  env = {**os.environ, "MULTIFORMER_TCMALLOC": "0", "MULTIFORMER_HUGE_PAGES": "0"}
+  result = subprocess.run(
+      [sys.executable, "-c", EXIT_ORDER.format(repo=REPO, port=_free_port())], cwd=REPO,
+      env=env, capture_output=True, text=True, timeout=300, check=False)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "jax shut down: True watch thread alive: False" in result.stdout, result.stdout

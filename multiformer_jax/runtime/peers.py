@@ -14,6 +14,13 @@ service: when it dies, JAX's own client ends every other process at once (SIGABR
 distributed service detected fatal errors"), before any watch could; each of them has named
 process 0's host and pid in its log when it started (were the abort to be skipped, the watch
 would name it after `timeout_s` of failed reads of the store, which dies with it).
+
+At exit the watch is stopped and its thread joined (`stop_all`, an exit handler that the process
+set-up registers before JAX is imported, so that it runs after JAX's own, which shuts the
+client down while the watch still guards it). Left running into the interpreter's
+finalization, a daemon thread that returns from a call into JAX's C++ client is ended by
+pthread_exit, whose unwinding through that C++ frame aborts the process: a run that had
+finished would end with SIGABRT.
 """
 
 from __future__ import annotations
@@ -25,11 +32,16 @@ import sys
 import threading
 import time
 
-from multiformer_jax.runtime import processes
-
 PEER_LOST_EXIT_CODE = 75
 PERIOD_S = 2.0
 PREFIX = "peers"
+_RUNNING: set[PeerWatch] = set()
+
+
+def stop_all():
+  """Stops every running watch and waits for its thread (see the module's docstring)."""
+  for watch in list(_RUNNING):
+    watch.stop()
 
 
 class PeerWatch:
@@ -47,6 +59,8 @@ class PeerWatch:
     self._left = None                     # this process's status once it leaves
     self._client = None
     self._failed = {}                     # rank -> when its failure was first read
+    self._stopping = threading.Event()
+    self._exit_status = 1                 # what `stop` exits with if the thread will not end
 
   def _set(self, key: str, value: str):
     self._client.key_value_set(f"multiformer_jax/{PREFIX}/{key}", value, allow_overwrite=True)
@@ -62,6 +76,7 @@ class PeerWatch:
   def start(self):
     # The client itself, not jax's functions: once JAX shuts down at exit they would start a
     # new backend from this thread.
+    from multiformer_jax.runtime import processes  # pylint: disable=import-outside-toplevel
     self._client = processes.client()
     self._set(f"who/{self.rank}", f"host {socket.gethostname()}, pid {os.getpid()}")
     if self.rank:
@@ -72,13 +87,15 @@ class PeerWatch:
           "process at once (\"the JAX distributed service detected fatal errors\")", who)
     self._thread = threading.Thread(target=self._run, daemon=True, name="peer watch")
     self._thread.start()
+    _RUNNING.add(self)
     return self
 
-  def leave(self, status: str):
-    """This process ends ('finished', 'stopped by SIGTERM', 'failed: ...'): the others stop
-    waiting for it (a failure stops them too). The watch goes on until the process exits,
-    to cut short an exit that waits for a dead process (JAX's shutdown does)."""
-    self._left = status
+  def leave(self, status: str, exit_status: int = 1):
+    """This process ends ('finished', 'stopped by SIGTERM', 'failed: ...'; it will exit with
+    `exit_status`): the others stop waiting for it (a failure stops them too). The watch goes
+    on until the process exits, to cut short an exit that waits for a dead process (JAX's
+    shutdown does)."""
+    self._left, self._exit_status = status, exit_status
     try:
       self._set(f"beat/{self.rank}", f"left: {status}")
     except Exception:  # pylint: disable=broad-except  # the store may be gone already
@@ -108,10 +125,25 @@ class PeerWatch:
     sys.stderr.flush()
     os._exit(code)  # pylint: disable=protected-access  # the main thread may hang
 
+  def stop(self):
+    """Ends the watch: its thread finishes the call it is in, if any, and returns. Should a call
+    not return within `timeout_s`, the process exits at once with the status it was ending
+    with (finalizing with the thread inside the call would abort it)."""
+    _RUNNING.discard(self)
+    self._stopping.set()
+    if self._thread is None:
+      return
+    self._thread.join(self.timeout_s)
+    if self._thread.is_alive():
+      logging.getLogger("multiformer_jax").error(
+          "process %d: the peer watch did not end within %.0f s of the exit; exiting with "
+          "status %d", self.rank, self.timeout_s, self._exit_status)
+      sys.stderr.flush()
+      os._exit(self._exit_status)  # pylint: disable=protected-access
+
   def _run(self):
     failing_since = None
-    while True:
-      time.sleep(PERIOD_S)
+    while not self._stopping.wait(PERIOD_S):
       now = time.monotonic()
       try:
         self._beats += 1

@@ -2,7 +2,8 @@
 console script `multiformer-X`, run.py): host memory (tcmalloc, unpacked into the user's cache
 where the system has none, and huge pages: the process re-executes itself once,
 runtime/host_memory.py), then XLA's default flags (runtime/xla_flags.py), both before JAX
-starts; then the command, whose user errors end with their message and exit status 2
+starts, and the exit handler that stops a multi-process run's peer watch after JAX's own
+(runtime/peers.py); then the command, whose user errors end with their message and exit status 2
 (multiformer_common/cli_errors.py).
 
 Every command module at the package's top level (train, evaluate, translate, analyze, ablate,
@@ -12,10 +13,11 @@ cli()`; its console script is that same `cli`.
 
 from __future__ import annotations
 
+import atexit
 import sys
 
 from multiformer_common import cli_errors
-from multiformer_jax.runtime import host_memory, xla_flags
+from multiformer_jax.runtime import host_memory, peers, xla_flags
 
 
 def set_up():
@@ -23,6 +25,9 @@ def set_up():
   host_memory.fetch_tcmalloc()
   host_memory.set_up_host_allocator()
   xla_flags.add_default_xla_flags()
+  # Before JAX is imported: exit handlers run last-registered first, so the watches of a
+  # multi-process run are stopped after JAX's own handler has shut its client down.
+  atexit.register(peers.stop_all)
 
 
 def command(main):
