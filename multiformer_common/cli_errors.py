@@ -31,6 +31,14 @@ def report_user_errors(function, *args, **kwargs):
     exit_with(str(error) or type(error).__name__, type(error).__name__)
 
 
+def exit_status(error: BaseException) -> int:
+  """The status a command ends with when `error` escapes it: a user error's (see
+  report_user_errors), else Python's for an uncaught exception."""
+  if isinstance(error, USER_ERRORS) and not os.environ.get(TRACEBACK_ENV):
+    return USER_ERROR_EXIT
+  return 1
+
+
 def command_line_entry(main):
   """-> cli(): main() (an argparse main reading sys.argv) with user errors reported."""
   def cli():

@@ -113,8 +113,7 @@ def main(argv):
       sys.exit(exit_status)
     except Exception as error:  # pylint: disable=broad-except  # told to the peers, raised
       status = f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}"
-      if isinstance(error, cli_errors.USER_ERRORS):
-        exit_status = cli_errors.USER_ERROR_EXIT
+      exit_status = cli_errors.exit_status(error)
       raise
     finally:
       if watch is not None:

@@ -27,13 +27,14 @@ class DataParallel:
     self.mode = mode
     self.local_devices = jax.local_devices()
     self.num_local = len(self.local_devices)
-    self.stacked = NamedSharding(jax.sharding.Mesh(np.array(self.local_devices), (AXIS,)),
-                                 PartitionSpec(AXIS))      # pmap: [local devices, ...]
     if mode == "jit":
       self.mesh = jax.make_mesh((jax.device_count(),), (AXIS,),
                                 axis_types=(AxisType.Auto,))
       self.replicated = NamedSharding(self.mesh, PartitionSpec())
       self.sharded = NamedSharding(self.mesh, PartitionSpec(AXIS))
+    else:                                                  # pmap's [local devices, ...]
+      self.stacked = NamedSharding(jax.sharding.Mesh(np.array(self.local_devices), (AXIS,)),
+                                   PartitionSpec(AXIS))
 
   @property
   def global_batch_multiple(self) -> int:
