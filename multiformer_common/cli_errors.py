@@ -26,7 +26,7 @@ def report_user_errors(function, *args, **kwargs):
   try:
     return function(*args, **kwargs)
   except USER_ERRORS as error:
-    if os.environ.get(TRACEBACK_ENV):
+    if not _reported(error):
       raise
     exit_with(str(error) or type(error).__name__, type(error).__name__)
 
@@ -34,9 +34,13 @@ def report_user_errors(function, *args, **kwargs):
 def exit_status(error: BaseException) -> int:
   """The status a command ends with when `error` escapes it: a user error's (see
   report_user_errors), else Python's for an uncaught exception."""
-  if isinstance(error, USER_ERRORS) and not os.environ.get(TRACEBACK_ENV):
-    return USER_ERROR_EXIT
-  return 1
+  return USER_ERROR_EXIT if _reported(error) else 1
+
+
+def _reported(error: BaseException) -> bool:
+  """Whether report_user_errors ends the command with `error`'s message alone (else it keeps
+  its traceback)."""
+  return isinstance(error, USER_ERRORS) and not os.environ.get(TRACEBACK_ENV)
 
 
 def command_line_entry(main):

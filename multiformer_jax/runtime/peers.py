@@ -44,6 +44,15 @@ def stop_all():
     watch.stop()
 
 
+def _exit_now(code: int):
+  """Ends the process with `code` at once, its log flushed: the main thread may hang, and exit
+  handlers or finalization would wait for it."""
+  for handler in logging.getLogger("multiformer_jax").handlers:
+    handler.flush()
+  sys.stderr.flush()
+  os._exit(code)  # pylint: disable=protected-access
+
+
 class PeerWatch:
   """The watch of one process (see the module's docstring). `start` it after
   jax.distributed.initialize; `leave(status)` before the process ends on purpose."""
@@ -120,10 +129,7 @@ class PeerWatch:
     log.error("%s %s; process %d stops too (exit status %d)%s", self.describe(rank), why,
               self.rank, code, "" if code == 0 else ": rerun the same command to resume from "
               "the last checkpoint")
-    for handler in log.handlers:
-      handler.flush()
-    sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access  # the main thread may hang
+    _exit_now(code)
 
   def stop(self):
     """Ends the watch: its thread finishes the call it is in, if any, and returns. Should a call
@@ -138,8 +144,7 @@ class PeerWatch:
       logging.getLogger("multiformer_jax").error(
           "process %d: the peer watch did not end within %.0f s of the exit; exiting with "
           "status %d", self.rank, self.timeout_s, self._exit_status)
-      sys.stderr.flush()
-      os._exit(self._exit_status)  # pylint: disable=protected-access
+      _exit_now(self._exit_status)
 
   def _run(self):
     failing_since = None
